@@ -1,0 +1,54 @@
+"""What a caller asks of the kernel (Caps) and how the kernel is configured for it (KernelConfig)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GATE_MODES = ("precomputed", "sigmoid", "softplus")
+CAPACITIES = (1, 2, 4)
+HEAD_DIMS = (64, 128)
+BACKENDS = ("triton",)
+VALIDATION_MODES = ("device",)
+CHUNK_SIZE = 16
+MIN_LOWER_BOUND = -5.0
+SHARED_MEMORY_BUDGET_BYTES = 99 * 1024
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Everything a caller will ever ask of one planned prefill.
+
+    device: where it runs. num_heads, head_dim: H and K = V. max_tokens: packed token capacity.
+    max_seqs: sequence capacity of the metadata. max_state_slots: slots in the state pool.
+    max_checkpoints: checkpoint capacity per sequence (1, 2 or 4; 1 uses vector metadata [N]).
+    gate: "precomputed" log decay, or the raw gate fused in kernel ("sigmoid": lower_bound *
+    sigmoid(exp(A_log) * (g + dt_bias)); "softplus": max(-exp(A_log) * softplus(g + dt_bias),
+    lower_bound)). lower_bound: the smallest log decay the caller guarantees (>= -5).
+    """
+
+    device: torch.device | str
+    num_heads: int
+    head_dim: int
+    max_tokens: int
+    max_seqs: int
+    max_state_slots: int
+    max_checkpoints: int = 1
+    gate: str = "precomputed"
+    lower_bound: float = -5.0
+    qk_l2norm: bool = False
+    beta_sigmoid: bool = False
+    validation: str = "device"
+    backend: str = "triton"
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """The Triton backend's tunables."""
+
+    chunk_size: int = CHUNK_SIZE
+    block_v: int = 32
+    num_warps: int = 4
+    num_stages: int = 1
+    dot_precision: str = "tf32"

@@ -1,0 +1,109 @@
+"""Device-side metadata validation: one program checks every rule and writes the error code.
+
+It runs before the prefill kernel on the same stream; the prefill reads the code first and
+touches nothing but the output (NaN) when it is non-zero, so a bad call never writes the pool.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+DUPLICATE_WRITE_SLOT = tl.constexpr(1)
+MALFORMED_LENGTHS = tl.constexpr(2)
+SLOT_OUT_OF_RANGE = tl.constexpr(4)
+BAD_CHECKPOINT_OFFSET = tl.constexpr(8)
+
+
+@triton.jit
+def _any(mask):
+    return tl.max(mask.to(tl.int32), axis=0) > 0
+
+
+@triton.jit
+def _write_slot(final_idx, ck_idx, w, owner_count, CK: tl.constexpr):
+    """Slot of write destination w (w = n * (1 + CK) + j; j = 0 final, j >= 1 checkpoint j - 1)."""
+    n = w // (1 + CK)
+    j = w % (1 + CK)
+    live = n < owner_count
+    final = tl.load(final_idx + n, mask=live & (j == 0), other=-1).to(tl.int64)
+    ck = tl.load(ck_idx + n * CK + j - 1, mask=live & (j > 0), other=-1).to(tl.int64)
+    return tl.where(live, tl.where(j == 0, final, ck), -1), n
+
+
+@triton.jit
+def kda_validate_kernel(
+    cu_seqlens,
+    num_seqs_ptr,
+    init_idx,
+    final_idx,
+    ck_off,
+    ck_idx,
+    err_ptr,
+    meta_capacity,
+    token_capacity,
+    num_slots,
+    CK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    num_seqs = tl.load(num_seqs_ptr).to(tl.int64)
+    err = tl.zeros((), dtype=tl.int32)
+    if (num_seqs < 1) | (num_seqs > meta_capacity):
+        err = err | MALFORMED_LENGTHS
+    else:
+        rb = tl.arange(0, BLOCK)
+        rck = tl.arange(0, CK)
+        first = tl.load(cu_seqlens).to(tl.int64)
+        last = tl.load(cu_seqlens + num_seqs).to(tl.int64)
+        if (first != 0) | (last > token_capacity):
+            err = err | MALFORMED_LENGTHS
+        for n0 in range(0, num_seqs, BLOCK):
+            n = n0 + rb
+            live = n < num_seqs
+            bos = tl.load(cu_seqlens + n, mask=live, other=0).to(tl.int64)
+            eos = tl.load(cu_seqlens + n + 1, mask=live, other=0).to(tl.int64)
+            seqlen = eos - bos
+            if _any(live & (seqlen < 0)):
+                err = err | MALFORMED_LENGTHS
+            init = tl.load(init_idx + n, mask=live, other=-1).to(tl.int64)
+            final = tl.load(final_idx + n, mask=live, other=-1).to(tl.int64)
+            bad_slot = (init < -1) | (init >= num_slots) | (final < -1) | (final >= num_slots)
+            if _any(live & bad_slot):
+                err = err | SLOT_OUT_OF_RANGE
+            cmask = live[:, None] & (rck[None, :] < CK)
+            offs = tl.load(ck_off + n[:, None] * CK + rck[None, :], mask=cmask, other=0).to(tl.int64)
+            slots = tl.load(ck_idx + n[:, None] * CK + rck[None, :], mask=cmask, other=-1).to(tl.int64)
+            if _any(tl.reshape(cmask & ((slots < -1) | (slots >= num_slots)), (BLOCK * CK,))):
+                err = err | SLOT_OUT_OF_RANGE
+            active = cmask & (slots != -1)
+            outside = (offs < 1) | (offs > seqlen[:, None] - 1)
+            if _any(tl.reshape(active & outside, (BLOCK * CK,))):
+                err = err | BAD_CHECKPOINT_OFFSET
+            # Active offsets strictly increasing: each one above the largest active one before it.
+            prev = tl.full((BLOCK,), -1, tl.int64)
+            for c in tl.static_range(CK):
+                off_c = tl.sum(tl.where(rck[None, :] == c, offs, 0), axis=1)
+                act_c = tl.sum(tl.where(rck[None, :] == c, active.to(tl.int32), 0), axis=1) > 0
+                if _any(act_c & (off_c <= prev)):
+                    err = err | BAD_CHECKPOINT_OFFSET
+                prev = tl.where(act_c, tl.maximum(prev, off_c), prev)
+        # Every active write destination distinct, and none on another sequence's initial slot.
+        num_writes = num_seqs * (1 + CK)
+        for a0 in range(0, num_writes, BLOCK):
+            wa = a0 + rb
+            slot_a, owner_a = _write_slot(final_idx, ck_idx, wa, num_seqs, CK)
+            for b0 in range(0, num_writes, BLOCK):
+                wb = b0 + rb
+                slot_b, owner_b = _write_slot(final_idx, ck_idx, wb, num_seqs, CK)
+                same = (slot_a[:, None] == slot_b[None, :]) & (slot_a[:, None] >= 0)
+                same = same & (wa[:, None] != wb[None, :])
+                if _any(tl.reshape(same, (BLOCK * BLOCK,))):
+                    err = err | DUPLICATE_WRITE_SLOT
+            for m0 in range(0, num_seqs, BLOCK):
+                m = m0 + rb
+                init_m = tl.load(init_idx + m, mask=m < num_seqs, other=-1).to(tl.int64)
+                alias = (slot_a[:, None] == init_m[None, :]) & (slot_a[:, None] >= 0)
+                alias = alias & (owner_a[:, None] != m[None, :])
+                if _any(tl.reshape(alias, (BLOCK * BLOCK,))):
+                    err = err | DUPLICATE_WRITE_SLOT
+    tl.store(err_ptr, err)
