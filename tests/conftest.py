@@ -1,0 +1,44 @@
+"""Test tiers: CPU by default; tests marked `gpu` (marker declared in pyproject) skip
+without a CUDA GPU, and on such a machine the Triton kernels run under the interpreter."""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+import torch
+
+CUDA_AVAILABLE = torch.cuda.is_available()
+
+# Must happen before any test module imports kdabench.kernels: triton.jit decides at
+# decoration time whether a kernel is compiled or interpreted.
+if not CUDA_AVAILABLE:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if CUDA_AVAILABLE:
+        return f"kdabench: CUDA GPU {torch.cuda.get_device_name()}: gpu tests run"
+    return "kdabench: no CUDA GPU: gpu tests skip, Triton kernels run with TRITON_INTERPRET=1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if CUDA_AVAILABLE:
+        return
+    needs_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(needs_gpu)
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """A seed fixed per test (derived from its id), so a failure replays exactly."""
+    return zlib.crc32(request.node.nodeid.encode())
+
+
+@pytest.fixture
+def rng(seed: int) -> torch.Generator:
+    """A CPU torch generator seeded with `seed`; draw on it, then move tensors to the device."""
+    return torch.Generator().manual_seed(seed)
