@@ -125,7 +125,7 @@ def plan(caps: Caps, policy: KernelConfig | None = None, *, own_output: bool = T
     reasons = ineligibility(caps)
     if reasons:
         raise KdaConfigError("cannot plan this KDA prefill: " + "; ".join(reasons))
-    device = torch.device(caps.device)
+    device = _concrete(torch.device(caps.device))
     config, source = (policy, "caller") if policy is not None else (heuristic_config(caps), "heuristic")
     if caps.head_dim % config.block_v:
         raise KdaConfigError(f"block_v {config.block_v} does not divide head_dim {caps.head_dim}")
@@ -140,6 +140,13 @@ def plan(caps: Caps, policy: KernelConfig | None = None, *, own_output: bool = T
         output=torch.empty(caps.max_tokens, caps.num_heads, caps.head_dim,
                            dtype=torch.bfloat16, device=device) if own_output else None,
     )
+
+
+def _concrete(device: torch.device) -> torch.device:
+    """cuda -> cuda:<current index>, so that device checks compare like with like."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _require(cond: bool, message: str) -> None:
