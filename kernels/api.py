@@ -63,6 +63,7 @@ class Plan:
     error_code: torch.Tensor = field(repr=False)
     num_seqs: torch.Tensor = field(repr=False)
     output: torch.Tensor | None = field(repr=False)
+    workspaces: dict[str, torch.Tensor] = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,8 @@ def plan(caps: Caps, policy: KernelConfig | None = None, *, own_output: bool = T
         num_seqs=torch.zeros(1, dtype=torch.int32, device=device),
         output=torch.empty(caps.max_tokens, caps.num_heads, caps.head_dim,
                            dtype=torch.bfloat16, device=device) if own_output else None,
+        workspaces=launch.allocate_workspaces(caps.num_heads, caps.head_dim, caps.max_tokens,
+                                              caps.max_seqs, config.chunk_size, device),
     )
 
 

@@ -50,5 +50,6 @@ class KernelConfig:
     chunk_size: int = CHUNK_SIZE
     block_v: int = 32
     num_warps: int = 4
-    num_stages: int = 1
+    num_stages: int = 2
+    prepare_warps: int = 4
     dot_precision: str = "tf32"

@@ -1,21 +1,23 @@
-"""Launching the Triton kernels for a binding, and what the device in hand allows."""
+"""Launching the Triton kernels for a binding, the workspaces they need, and the devices they run on."""
 
 from __future__ import annotations
 
 import torch
 import triton
 
-from .prefill import GATE_PRECOMPUTED, GATE_SIGMOID, GATE_SOFTPLUS, kda_prefill_kernel
+from .prefill import kda_state_pass_kernel
+from .prepare import kda_chunk_prepare_kernel
 from .validate import kda_validate_kernel
 
-GATE_CODES = {"precomputed": GATE_PRECOMPUTED, "sigmoid": GATE_SIGMOID, "softplus": GATE_SOFTPLUS}
+GATE_CODES = {"precomputed": 0, "sigmoid": 1, "softplus": 2}
 VALIDATE_BLOCK = 64
+SEARCH_BLOCK = 256
 FILL_ROWS = 64
 
 
 def interpreted() -> bool:
     """True when the kernels were built for the Triton interpreter (TRITON_INTERPRET=1)."""
-    return type(kda_prefill_kernel).__name__ == "InterpretedFunction"
+    return type(kda_state_pass_kernel).__name__ == "InterpretedFunction"
 
 
 def device_ineligibility(device: torch.device) -> list[str]:
@@ -37,35 +39,63 @@ def device_ineligibility(device: torch.device) -> list[str]:
     return []
 
 
+def chunk_slots(max_tokens: int, max_seqs: int, chunk_size: int) -> int:
+    """Upper bound on the chunks of any packed batch: sum(ceil(len / c)) <= T / c + N."""
+    return max_tokens // chunk_size + max_seqs
+
+
+def allocate_workspaces(num_heads: int, head_dim: int, max_tokens: int, max_seqs: int,
+                        chunk_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The per-plan workspaces of the two-stage prefill."""
+    rows = chunk_slots(max_tokens, max_seqs, chunk_size) * chunk_size
+    f32 = dict(dtype=torch.float32, device=device)
+    return {
+        "chunk_offsets": torch.zeros(max_seqs + 1, dtype=torch.int32, device=device),
+        "ws_G": torch.empty(num_heads, rows, head_dim, **f32),
+        "ws_W": torch.empty(num_heads, rows, head_dim, **f32),
+        "ws_U": torch.empty(num_heads, rows, head_dim, **f32),
+        "ws_Aqk": torch.empty(num_heads, rows, chunk_size, **f32),
+    }
+
+
 def validate(binding) -> None:
-    """Launch the one-program validation prologue; it writes the plan's error code."""
-    caps = binding.plan.caps
+    """Launch the one-program validation prologue; it writes the error code and chunk offsets."""
+    plan = binding.plan
     kda_validate_kernel[(1,)](
         binding.cu_seqlens, binding.num_seqs, binding.initial_state_indices,
         binding.final_state_indices, binding.checkpoint_offsets,
-        binding.checkpoint_state_indices, binding.plan.error_code,
+        binding.checkpoint_state_indices, plan.error_code, plan.workspaces["chunk_offsets"],
         binding.cu_seqlens.numel() - 1, binding.q.shape[0], binding.state_pool.shape[0],
-        CK=caps.max_checkpoints, BLOCK=VALIDATE_BLOCK, num_warps=4,
+        CK=plan.caps.max_checkpoints, CHUNK=plan.config.chunk_size, BLOCK=VALIDATE_BLOCK,
+        num_warps=4,
     )
 
 
 def prefill(binding) -> None:
-    """Launch the prefill: one program per (sequence slot, V block, head)."""
+    """Launch stage 1 (per chunk and head) and stage 2 (per sequence, V block and head)."""
     plan = binding.plan
-    caps, config = plan.caps, plan.config
+    caps, config, ws = plan.caps, plan.config, plan.workspaces
     meta_capacity = binding.cu_seqlens.numel() - 1
-    num_v_blocks = triton.cdiv(caps.head_dim, config.block_v)
-    grid = (meta_capacity, num_v_blocks, caps.num_heads)
-    kda_prefill_kernel[grid](
-        binding.q, binding.k, binding.v, binding.g, binding.beta, binding.out,
-        binding.state_pool, binding.cu_seqlens, binding.num_seqs,
-        binding.initial_state_indices, binding.final_state_indices,
-        binding.checkpoint_offsets, binding.checkpoint_state_indices,
-        binding.A_log, binding.dt_bias, plan.error_code,
-        binding.scale, float(caps.lower_bound), binding.out.shape[0], meta_capacity,
+    stride_slots = chunk_slots(caps.max_tokens, caps.max_seqs, config.chunk_size)
+    bound_slots = chunk_slots(binding.q.shape[0], meta_capacity, config.chunk_size)
+    kda_chunk_prepare_kernel[(bound_slots, caps.num_heads)](
+        binding.q, binding.k, binding.v, binding.g, binding.beta, binding.cu_seqlens,
+        binding.num_seqs, ws["chunk_offsets"], binding.A_log, binding.dt_bias, plan.error_code,
+        ws["ws_G"], ws["ws_W"], ws["ws_U"], ws["ws_Aqk"], float(caps.lower_bound), stride_slots,
+        H=caps.num_heads, K=caps.head_dim, V=caps.head_dim, CHUNK=config.chunk_size,
+        GATE=GATE_CODES[caps.gate], QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
+        DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,
+        num_warps=config.prepare_warps,
+    )
+    grid = (meta_capacity, triton.cdiv(caps.head_dim, config.block_v), caps.num_heads)
+    kda_state_pass_kernel[grid](
+        binding.q, binding.k, binding.out, binding.state_pool, binding.cu_seqlens,
+        binding.num_seqs, ws["chunk_offsets"], binding.initial_state_indices,
+        binding.final_state_indices, binding.checkpoint_offsets,
+        binding.checkpoint_state_indices, ws["ws_G"], ws["ws_W"], ws["ws_U"], ws["ws_Aqk"],
+        plan.error_code, binding.scale, binding.out.shape[0], meta_capacity, stride_slots,
         H=caps.num_heads, K=caps.head_dim, V=caps.head_dim, BV=config.block_v,
-        CHUNK=config.chunk_size, CK=caps.max_checkpoints, GATE=GATE_CODES[caps.gate],
-        QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
+        CHUNK=config.chunk_size, CK=caps.max_checkpoints, QK_L2NORM=caps.qk_l2norm,
         DOT_PRECISION=config.dot_precision, FILL_ROWS=FILL_ROWS,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -1,7 +1,9 @@
 """Device-side metadata validation: one program checks every rule and writes the error code.
 
-It runs before the prefill kernel on the same stream; the prefill reads the code first and
-touches nothing but the output (NaN) when it is non-zero, so a bad call never writes the pool.
+It runs before the prefill kernels on the same stream; they read the code first and touch
+nothing but the output (NaN) when it is non-zero, so a bad call never writes the pool. On the
+way it writes chunk_offsets[n] (the first global chunk of sequence n), which the prefill uses
+to map chunks to sequences.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ def kda_validate_kernel(
     ck_off,
     ck_idx,
     err_ptr,
+    chunk_offsets,
     meta_capacity,
     token_capacity,
     num_slots,
     CK: tl.constexpr,
+    CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     num_seqs = tl.load(num_seqs_ptr).to(tl.int64)
@@ -57,6 +61,7 @@ def kda_validate_kernel(
         last = tl.load(cu_seqlens + num_seqs).to(tl.int64)
         if (first != 0) | (last > token_capacity):
             err = err | MALFORMED_LENGTHS
+        chunks_before = tl.zeros((), dtype=tl.int32)
         for n0 in range(0, num_seqs, BLOCK):
             n = n0 + rb
             live = n < num_seqs
@@ -65,6 +70,10 @@ def kda_validate_kernel(
             seqlen = eos - bos
             if _any(live & (seqlen < 0)):
                 err = err | MALFORMED_LENGTHS
+            chunks = tl.where(live, (tl.maximum(seqlen, 0) + CHUNK - 1) // CHUNK, 0).to(tl.int32)
+            inclusive = tl.cumsum(chunks, axis=0)
+            tl.store(chunk_offsets + n, chunks_before + inclusive - chunks, mask=live)
+            chunks_before += tl.sum(chunks, axis=0)
             init = tl.load(init_idx + n, mask=live, other=-1).to(tl.int64)
             final = tl.load(final_idx + n, mask=live, other=-1).to(tl.int64)
             bad_slot = (init < -1) | (init >= num_slots) | (final < -1) | (final >= num_slots)
@@ -87,6 +96,7 @@ def kda_validate_kernel(
                 if _any(act_c & (off_c <= prev)):
                     err = err | BAD_CHECKPOINT_OFFSET
                 prev = tl.where(act_c, tl.maximum(prev, off_c), prev)
+        tl.store(chunk_offsets + num_seqs, chunks_before)
         # Every active write destination distinct, and none on another sequence's initial slot.
         num_writes = num_seqs * (1 + CK)
         for a0 in range(0, num_writes, BLOCK):

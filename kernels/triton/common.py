@@ -1,0 +1,64 @@
+"""Small Triton helpers shared by the prefill kernels."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def pick(values, lane, c):
+    """Scalar at position c of a 1-D tensor (lane = arange over its length)."""
+    return tl.sum(tl.where(lane == c, values, 0), axis=0)
+
+
+@triton.jit
+def row_of(matrix, rows, i):
+    """Row i of a 2-D tensor as a 1-D tensor (rows = arange over its first dimension)."""
+    return tl.sum(tl.where(rows[:, None] == i, matrix, 0.0), axis=0)
+
+
+@triton.jit
+def pool_tile(pool, slot, h, rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """Pointers to the [K, BV] tile of pool slot `slot`, head h (pool is [slots, H, V, K])."""
+    base = (slot.to(tl.int64) * H + h) * (V * K)
+    return pool + base + rv[None, :].to(tl.int64) * K + rk[:, None]
+
+
+@triton.jit
+def load_keys(x, rows, rk, tmask, K: tl.constexpr, L2NORM: tl.constexpr):
+    """q or k rows [CHUNK, K] in fp32 (zero on padded rows), L2-normalised when asked."""
+    xx = tl.load(x + rows[:, None] * K + rk[None, :], mask=tmask[:, None], other=0.0)
+    xx = xx.to(tl.float32)
+    if L2NORM:
+        xx = xx * tl.rsqrt(tl.sum(xx * xx, axis=1) + 1e-6)[:, None]
+    return xx
+
+
+@triton.jit
+def load_log_decay(g, a_log, dt_bias, rows, rk, tmask, h, lower_bound,
+                   K: tl.constexpr, GATE: tl.constexpr):
+    """Per-channel log decay [CHUNK, K] in fp32 (gate fused when GATE > 0), zero on padding."""
+    gg = tl.load(g + rows[:, None] * K + rk[None, :], mask=tmask[:, None], other=0.0)
+    gg = gg.to(tl.float32)
+    if GATE == 1:
+        a = tl.exp(tl.load(a_log + h).to(tl.float32))
+        x = gg + tl.load(dt_bias + h * K + rk).to(tl.float32)[None, :]
+        gg = lower_bound * tl.sigmoid(a * x)
+    elif GATE == 2:
+        a = tl.exp(tl.load(a_log + h).to(tl.float32))
+        x = gg + tl.load(dt_bias + h * K + rk).to(tl.float32)[None, :]
+        softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+        gg = tl.maximum(-a * softplus, lower_bound)
+    return tl.where(tmask[:, None], gg, 0.0)
+
+
+@triton.jit
+def locate_chunk(chunk_offsets, num_seqs, c, BLOCK: tl.constexpr):
+    """Sequence n whose chunks hold global chunk c: the count of chunk_offsets[1..N] <= c."""
+    r = tl.arange(0, BLOCK)
+    n = tl.zeros((), dtype=tl.int32)
+    for n0 in range(0, num_seqs, BLOCK):
+        ends = tl.load(chunk_offsets + 1 + n0 + r, mask=n0 + r < num_seqs, other=2147483647)
+        n += tl.sum((ends <= c).to(tl.int32), axis=0)
+    return n
