@@ -24,6 +24,7 @@ cu_seqlens are negative, so any active offset of that sequence is also bad).
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 
@@ -67,7 +68,7 @@ def expected_error_code(
     if not 1 <= num_seqs <= capacity:
         return MALFORMED_LENGTHS
     cu = cu[: num_seqs + 1]
-    lengths = [end - start for start, end in zip(cu, cu[1:])]
+    lengths = [end - start for start, end in itertools.pairwise(cu)]
     initial = [int(x) for x in initial[:num_seqs]]
     final = [int(x) for x in final[:num_seqs]]
     offsets = _rows(ck_offsets, num_seqs)
@@ -84,7 +85,7 @@ def expected_error_code(
     for length, row_offsets, row_slots in zip(lengths, offsets, slots):
         active = [off for off, slot in zip(row_offsets, row_slots) if slot != NULL_SLOT]
         inside = all(1 <= off <= length - 1 for off in active)
-        increasing = all(a < b for a, b in zip(active, active[1:]))
+        increasing = all(a < b for a, b in itertools.pairwise(active))
         if not (inside and increasing):
             code |= BAD_CHECKPOINT_OFFSET
 

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from kdabench import __version__
-from kdabench.cli import kernels_cmd, merge_cmd, verify_cmd
+from kdabench.cli import kernels_cmd, merge_cmd, qualify_cmd, verify_cmd
 from kdabench.cli.errors import (
     EXIT_CODES_HELP,
     InternalError,
@@ -70,6 +70,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 cli.add_command(kernels_cmd.kernels)
 cli.add_command(verify_cmd.verify)
 cli.add_command(merge_cmd.merge)
+cli.add_command(qualify_cmd.qualify)
 
 
 def main() -> None:

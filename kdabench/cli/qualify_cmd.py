@@ -1,0 +1,153 @@
+"""`kdabench qualify`: run the qualification matrix and leave a receipt."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError, print_error, user_errors
+from kdabench.matrix import TIERS, MatrixError, load_matrix, parse_shard, select_cases
+from kdabench.qualify import Qualification, QualifyError, QualifyResult, default_tier, fmt_error
+from kdabench.receipts import ReceiptError
+
+FAILURES_SHOWN = 20
+
+
+@click.command("qualify", epilog=EXIT_CODES_HELP)
+@click.option("--tier", type=click.Choice(TIERS), default=None,
+              help="gpu: the qualification (needs a CUDA GPU). cpu: small shapes, Triton "
+              "kernels under the interpreter. Default: gpu when a GPU is present, else cpu.")
+@click.option("--backend", metavar="NAME", default=None,
+              help="Kernel backend to qualify (default: the matrix's first, 'triton').")
+@click.option("--matrix", "matrix_path", type=click.Path(path_type=Path), default=None,
+              help="A matrix TOML file of your own (default: the packaged matrix).")
+@click.option("--shard", metavar="I/N", default=None,
+              help="Run shard I of N (cases whose index % N == I - 1); join the shard "
+              "receipts with `kdabench merge`.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Folder for the receipt (default: the repository's results/, or "
+              "$KDABENCH_RESULTS).")
+@click.option("--filter", "contains", metavar="SUBSTR", default=None,
+              help="Only the cases whose id contains SUBSTR.")
+@click.option("--list", "list_only", is_flag=True,
+              help="Print the expanded cases (index and id) and run nothing.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the result summary (or, with --list, the cases) as JSON on stdout.")
+def qualify(tier: str | None, backend: str | None, matrix_path: Path | None, shard: str | None,
+            out_dir: Path | None, contains: str | None, list_only: bool, as_json: bool) -> None:
+    """Run the qualification matrix and write a receipt (kind "qualify").
+
+    Each case runs the kernel and checks it: outputs, final states and every checkpoint
+    against a float64 recurrence, aligned checkpoints bit for bit against prefix runs,
+    rejected metadata (its error bit, an untouched pool, an all-NaN output), CUDA-graph
+    replay and slots past the 2^31-element line (GPU). The receipt is written as cases
+    finish, so an interrupted run leaves a partial one; `kdabench verify` checks it.
+
+    Exit 0 when every case passes; 1 when a case fails or errors; 2 for bad input (a
+    matrix file that does not load, a bad --shard, --tier gpu without a GPU).
+    """
+    with user_errors(MatrixError, QualifyError):
+        matrix = load_matrix(matrix_path)
+        shard_spec = parse_shard(shard) if shard is not None else None
+        if list_only:
+            _list(select_cases(matrix.expand(tier or default_tier()), shard=shard_spec,
+                               contains=contains), as_json)
+            return
+        try:
+            run = Qualification(matrix, tier=tier, backend=backend, shard=shard_spec,
+                                contains=contains, out_dir=out_dir)
+        except (ReceiptError, ValueError) as error:
+            raise UserError(str(error)) from error
+
+    result = _run_with_progress(run)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+        _render(Console(highlight=False, soft_wrap=True), result)
+    if not result.ok:
+        failed = len([c for c in result.cases if c["verdict"] != "pass"])
+        raise Finding(f"{failed} of {len(result.cases)} cases did not pass; "
+                      f"receipt: {result.receipt_path}")
+
+
+def _list(cases: list, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps([{"index": c.index, "id": c.id, "scenario": c.scenario}
+                               for c in cases], indent=2))
+        return
+    for case in cases:
+        click.echo(f"{case.index:4d}  {case.id}")
+    click.echo(f"{len(cases)} cases", err=True)
+
+
+def _run_with_progress(run: Qualification) -> QualifyResult:
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console.print(f"qualify · {run.tier} tier · {run.backend} · {len(run.cases)} cases · "
+                  f"receipt {escape(str(run.path))}")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("starting", total=len(run.cases))
+
+        def on_start(case) -> None:
+            progress.update(task, description=escape(case.id[:60]))
+
+        def on_case(record: dict[str, Any]) -> None:
+            if record["verdict"] != "pass":
+                progress.console.print(f"[red]{record['verdict'].upper()}[/red] "
+                                       f"{escape(record['id'])}: {escape(str(record['message']))}")
+            progress.advance(task)
+
+        try:
+            result = run.run(on_start=on_start, on_case=on_case)
+        except KeyboardInterrupt:
+            progress.stop()
+            print_error(f"interrupted: the partial receipt is {run.path}", style="bold yellow")
+            raise click.exceptions.Exit(130) from None
+        except OSError as error:
+            raise UserError(f"cannot write the receipt {run.path}: "
+                            f"{error.strerror or error}") from error
+        progress.update(task, description="done")
+    return result
+
+
+def _render(console: Console, result: QualifyResult) -> None:
+    table = Table(title=f"qualify · {result.receipt['config']['tier']} tier · "
+                  f"{escape(str(result.receipt['device'].get('name')))}", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    table.add_column("scenario", no_wrap=True, min_width=14)
+    for column in ("cases", "pass", "fail", "error", "out err", "state err"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("median ms", justify="right", no_wrap=True)
+    table.caption = "err: worst relative Frobenius error against float64"
+    for scenario, row in result.by_scenario.items():
+        bad = row["fail"] + row["error"]
+        table.add_row(
+            escape(scenario), str(row["cases"]), f"[green]{row['pass']}[/green]",
+            f"[red]{row['fail']}[/red]" if row["fail"] else "0",
+            f"[red]{row['error']}[/red]" if row["error"] else "0",
+            fmt_error(row["worst_output_error"]), fmt_error(row["worst_state_error"]),
+            "-" if row["median_ms"] is None else f"{row['median_ms']:.3f}",
+            style="red" if bad else None,
+        )
+    console.print(table)
+    failures = [c for c in result.cases if c["verdict"] != "pass"]
+    for case in failures[:FAILURES_SHOWN]:
+        console.print(f"[red]{case['verdict']}[/red] {escape(case['id'])}: "
+                      f"{escape(str(case.get('message')))}")
+    if len(failures) > FAILURES_SHOWN:
+        console.print(f"... and {len(failures) - FAILURES_SHOWN} more (see the receipt)")
+    summary = result.summary
+    console.print(f"receipt {escape(str(result.receipt_path))} · sha256 "
+                  f"{result.receipt['sha256'][:16]}… · {summary['total']} cases: "
+                  f"{summary['pass']} pass, {summary['fail']} fail, {summary['error']} error")
+    if result.ok:
+        console.print(f"[green]all {summary['total']} cases pass[/green]")

@@ -1,0 +1,345 @@
+"""The qualification runners and run loop: metadata, faults, a CPU-tier run, shards, receipts."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kdabench import kernels, qualify
+from kdabench.matrix import FAULT_VARIANTS, OFFSET_MODES, MatrixError, parse_matrix
+from kdabench.oracles.metadata import expected_error_code
+from kdabench.qualify import (
+    CHUNK,
+    FAULT_BITS,
+    FAULTS,
+    Qualification,
+    QualifyError,
+    build_metadata,
+    choose_offsets,
+    summarize_by_scenario,
+)
+from kdabench.receipts import load_receipt, merge_receipts, verify_file
+
+CPU_ONLY = pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="the CPU tier needs the Triton interpreter; this process compiled the kernels for a GPU",
+)
+
+TINY = """
+schema = "kdabench.matrix.v1"
+name = "tiny"
+[layouts.R3]
+lengths = [5, 16, 17]
+
+[[group]]
+scenario = "accuracy"
+tiers = ["cpu"]
+capacity = [1, 2]
+heads = 1
+layout = "R3"
+
+[[group]]
+scenario = "prefix"
+tiers = ["cpu"]
+capacity = 2
+heads = 1
+layout = "R3"
+offsets = "aligned"
+
+[[group]]
+scenario = "fault"
+tiers = ["cpu"]
+variant = ["duplicate-final", "offset-zero", "live-count-zero"]
+heads = 1
+layout = "R3"
+
+[[group]]
+scenario = "contract"
+tiers = ["cpu"]
+variant = ["decode-names-every-bit", "plan-refuses-capacity-3"]
+"""
+
+
+@pytest.fixture
+def tiny_matrix():
+    return parse_matrix(TINY, origin="tiny.toml")
+
+
+def run_tiny(tmp_path: Path, matrix, **kwargs):
+    kwargs.setdefault("out_dir", tmp_path)
+    return Qualification(matrix, tier="cpu", command_line=["kdabench", "qualify"],
+                         **kwargs).run()
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+@pytest.mark.parametrize("mode", OFFSET_MODES)
+@pytest.mark.parametrize("capacity", [1, 2, 4])
+def test_choose_offsets_places_them_as_asked(mode, capacity):
+    rng = random.Random(0)
+    for length in (1, 2, 5, 16, 17, 40, 100):
+        offsets = choose_offsets(length, capacity, mode, rng)
+        assert offsets == sorted(set(offsets)) and len(offsets) <= capacity
+        assert all(1 <= p <= length - 1 for p in offsets)
+        if mode == "aligned":
+            assert all(p % CHUNK == 0 for p in offsets)
+            assert len(offsets) == min(capacity, (length - 1) // CHUNK)
+        elif mode == "unaligned":
+            assert all(p % CHUNK for p in offsets)
+        elif length >= 2:
+            assert (1 if mode == "first" else length - 1) in offsets
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 80), min_size=1, max_size=8),
+       capacity=st.sampled_from([1, 2, 4]), mode=st.sampled_from(OFFSET_MODES),
+       scatter=st.booleans(), seed=st.integers(0, 2**16))
+def test_built_metadata_is_valid(lengths, capacity, mode, scatter, seed):
+    meta = build_metadata(lengths, capacity, mode, random.Random(seed), scatter=scatter)
+    assert meta.expected_code(sum(lengths)) == 0
+    assert meta.lengths == lengths
+    writes = [s for s in meta.final if s >= 0] + [s for _, _, _, s in meta.active_entries()]
+    assert len(writes) == len(set(writes))
+    assert all(0 <= s < meta.num_slots for s in writes)
+    tensors = meta.tensors(torch.device("cpu"), torch.int32)
+    expected_shape = (len(lengths),) if capacity == 1 else (len(lengths), capacity)
+    assert tuple(tensors["checkpoint_offsets"].shape) == expected_shape
+
+
+@pytest.mark.parametrize(("variant", "capacity"), [
+    (variant, capacity) for variant, needs in sorted(FAULT_VARIANTS.items())
+    for capacity in (1, 2, 4) if capacity >= needs
+])
+@pytest.mark.parametrize("mode", OFFSET_MODES)
+def test_each_fault_breaks_exactly_its_rule(variant, capacity, mode):
+    """The fault table and the independent metadata oracle agree on every fault."""
+    lengths = [5, 16, 17, 40]
+    meta = build_metadata(lengths, capacity, mode, random.Random(7), initial_share=1.0)
+    FAULTS[variant](meta, random.Random(7))
+    assert meta.expected_code(sum(lengths)) == FAULT_BITS[variant]
+
+
+def test_metadata_oracle_sees_vector_metadata_for_capacity_one():
+    meta = build_metadata([20, 30], 1, "first", random.Random(1))
+    offsets = [row[0] for row in meta.offsets]
+    slots = [row[0] for row in meta.slots]
+    assert expected_error_code(meta.cu_seqlens, 2, meta.initial, meta.final, offsets, slots,
+                               meta.num_slots, 50) == 0
+
+
+# --------------------------------------------------------------------------- a CPU-tier run
+
+
+@CPU_ONLY
+def test_cpu_tier_run_writes_a_receipt_that_verifies(tmp_path, tiny_matrix):
+    result = run_tiny(tmp_path, tiny_matrix)
+    assert result.ok, [c.get("message") for c in result.cases]
+    assert result.summary == {"total": 8, "pass": 8, "fail": 0, "error": 0, "skip": 0}
+    check = verify_file(result.receipt_path)
+    assert check.ok and check.sources_match and check.status == "complete"
+    doc = load_receipt(result.receipt_path)
+    assert doc["kind"] == "qualify" and doc["device"]["kind"] == "cpu"
+    assert doc["config"]["tier"] == "cpu" and doc["config"]["backend"] == "triton"
+    assert doc["config"]["matrix_origin"] == "file"
+    assert doc["config"]["matrix"]["name"] == "tiny"
+    assert "shard" not in doc["config"]
+    assert result.receipt_path.name.startswith("qualify-")
+    cases = {case["id"]: case for case in doc["cases"]}
+    accuracy = cases["accuracy-C2-H1-K64-R3-unaligned-precomputed-lb5"]
+    assert accuracy["tolerances"] == {"output": 5e-3, "state": 3e-3}
+    assert 0 < accuracy["errors"]["output"] < 5e-3
+    assert accuracy["errors"]["checkpoint"] < 3e-3
+    assert accuracy["median_ms"] is None and accuracy["samples_ms"] == []
+    assert accuracy["config_source"] == "heuristic" and "block_v" in accuracy["kernel_config"]
+    prefix = cases["prefix-C2-H1-K64-R3-aligned-precomputed-lb5"]
+    assert prefix["checks"]["aligned_checkpoints"] == prefix["checks"]["aligned_bitwise_equal"] > 0
+    fault = cases["fault-live-count-zero-C1-H1-K64-R3-unaligned-precomputed-lb5"]
+    assert fault["checks"] == {"error_code": 2, "expected_error_code": 2,
+                               "oracle_error_code": 2, "pool_unchanged": True,
+                               "output_all_nan": True}
+    assert [case["index"] for case in doc["cases"]] == list(range(8))
+
+
+@CPU_ONLY
+def test_shards_merged_equal_one_unsharded_run(tmp_path, tiny_matrix):
+    whole = run_tiny(tmp_path / "whole", tiny_matrix)
+    shards = [run_tiny(tmp_path / f"s{i}", tiny_matrix, shard=(i, 2)) for i in (1, 2)]
+    assert shards[0].receipt_path.name.endswith("-shard1of2.json")
+    assert shards[1].receipt_path.name.endswith("-shard2of2.json")
+    docs = [load_receipt(shard.receipt_path) for shard in shards]
+    assert {doc["config"]["shard"] for doc in docs} == {"1/2", "2/2"}
+    merged = merge_receipts(docs)
+    assert merged["status"] == "complete"
+    whole_doc = load_receipt(whole.receipt_path)
+
+    def ids_and_verdicts(doc):
+        return [(c["id"], c["index"], c["verdict"]) for c in doc["cases"]]
+
+    assert ids_and_verdicts(merged) == ids_and_verdicts(whole_doc)
+    assert merged["summary"] == whole_doc["summary"]
+
+
+@CPU_ONLY
+def test_a_wrong_kernel_output_fails_its_case(tmp_path, tiny_matrix, monkeypatch):
+    real = kernels.kda_prefill
+
+    def off_by_a_bit(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.o.mul_(1.02)
+        return result
+
+    monkeypatch.setattr(kernels, "kda_prefill", off_by_a_bit)
+    result = run_tiny(tmp_path, tiny_matrix, contains="accuracy-C1")
+    (case,) = result.cases
+    assert case["verdict"] == "fail" and not result.ok
+    assert "output error" in case["message"] and "exceeds tolerance 5.0e-03" in case["message"]
+
+
+@CPU_ONLY
+def test_a_stray_pool_write_fails_its_case(tmp_path, tiny_matrix, monkeypatch):
+    real = kernels.kda_prefill
+
+    def scribbler(*args, state_pool, **kwargs):
+        result = real(*args, state_pool=state_pool, **kwargs)
+        state_pool[-1].add_(1.0)  # the pool's last slot is always a spare one
+        return result
+
+    monkeypatch.setattr(kernels, "kda_prefill", scribbler)
+    result = run_tiny(tmp_path, tiny_matrix, contains="accuracy-C2")
+    (case,) = result.cases
+    assert case["verdict"] == "fail"
+    assert "a slot that no destination names was written" in case["message"]
+
+
+@CPU_ONLY
+def test_accepting_bad_metadata_fails_the_fault_case(tmp_path, tiny_matrix, monkeypatch):
+    real = kernels.kda_prefill
+
+    def forgiving(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.error_code.zero_()
+        return result
+
+    monkeypatch.setattr(kernels, "kda_prefill", forgiving)
+    result = run_tiny(tmp_path, tiny_matrix, contains="fault-offset-zero")
+    (case,) = result.cases
+    assert case["verdict"] == "fail" and "error code 0, expected 8" in case["message"]
+
+
+@CPU_ONLY
+def test_a_crashing_case_is_an_error_and_the_run_goes_on(tmp_path, tiny_matrix, monkeypatch):
+    def crash(ctx, case):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(qualify.RUNNERS, "prefix", crash)
+    result = run_tiny(tmp_path, tiny_matrix)
+    verdicts = {case["scenario"]: case["verdict"] for case in result.cases}
+    assert verdicts["prefix"] == "error" and verdicts["contract"] == "pass"
+    crashed = next(case for case in result.cases if case["scenario"] == "prefix")
+    assert crashed["message"] == "RuntimeError: boom"
+    assert verify_file(result.receipt_path).ok
+
+
+def test_an_interrupted_run_leaves_a_partial_receipt(tmp_path, tiny_matrix, monkeypatch):
+    calls = []
+
+    def fake(ctx, case):
+        calls.append(case.id)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return {"id": case.id, "index": case.index, "scenario": case.scenario,
+                "verdict": "pass"}
+
+    monkeypatch.setattr(qualify, "run_case", fake)
+    run = Qualification(tiny_matrix, tier="cpu", out_dir=tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        run.run()
+    check = verify_file(run.path)
+    assert check.ok and check.status == "partial" and check.summary["total"] == 2
+
+
+# --------------------------------------------------------------------------- setup errors
+
+
+def test_unknown_backend_and_empty_selection_are_refused(tmp_path, tiny_matrix):
+    with pytest.raises(QualifyError, match="backend 'cute' is not in the matrix's backends"):
+        Qualification(tiny_matrix, tier="cpu", backend="cute", out_dir=tmp_path)
+    with pytest.raises(MatrixError, match=r"no cpu-tier case of tiny\.toml matches the filter"):
+        Qualification(tiny_matrix, tier="cpu", contains="nothing-like-this", out_dir=tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_gpu_tier_without_a_gpu_is_refused(tmp_path):
+    matrix = parse_matrix(TINY.replace('tiers = ["cpu"]', 'tiers = ["gpu"]'))
+    with pytest.raises(QualifyError, match="--tier gpu needs a CUDA GPU"):
+        Qualification(matrix, tier="gpu", out_dir=tmp_path)
+
+
+def test_summarize_by_scenario():
+    cases = [
+        {"scenario": "accuracy", "verdict": "pass", "errors": {"output": 1e-3, "checkpoint": 2e-4},
+         "median_ms": 1.0},
+        {"scenario": "accuracy", "verdict": "fail", "errors": {"output": 9e-3, "final_state": 1e-4},
+         "median_ms": 3.0},
+        {"scenario": "fault", "verdict": "pass", "errors": {}, "median_ms": None},
+    ]
+    table = summarize_by_scenario(cases)
+    assert table["accuracy"] == {"cases": 2, "pass": 1, "fail": 1, "error": 0, "skip": 0,
+                                 "worst_output_error": 9e-3, "worst_state_error": 2e-4,
+                                 "median_ms": 2.0}
+    assert table["fault"]["worst_output_error"] is None and table["fault"]["median_ms"] is None
+
+
+# --------------------------------------------------------------------------- GPU tier
+
+
+GPU_TINY = """
+schema = "kdabench.matrix.v1"
+name = "gpu-tiny"
+timing = { warmup = 1, reps = 3 }
+[layouts.R8]
+lengths = [1, 15, 16, 17, 64, 100, 200, 33]
+
+[[group]]
+scenario = "accuracy"
+tiers = ["gpu"]
+capacity = [1, 4]
+heads = 4
+head_dim = 128
+layout = "R8"
+
+[[group]]
+scenario = "graph"
+tiers = ["gpu"]
+capacity = 4
+heads = 4
+layout = "R8"
+
+[[group]]
+scenario = "fault"
+tiers = ["gpu"]
+variant = ["duplicate-final", "live-count-over-capacity"]
+heads = 4
+layout = "R8"
+
+[[group]]
+scenario = "fuzz"
+tiers = ["gpu"]
+capacity = 2
+sets = 8
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_tier_tiny_matrix(tmp_path):
+    result = Qualification(parse_matrix(GPU_TINY), tier="gpu", out_dir=tmp_path).run()
+    assert result.ok, [c.get("message") for c in result.cases]
+    timed = [c for c in result.cases if c["scenario"] in ("accuracy", "graph", "fault")]
+    assert all(len(c["samples_ms"]) == 3 and c["median_ms"] > 0 for c in timed)
+    assert verify_file(result.receipt_path).ok
