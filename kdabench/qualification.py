@@ -13,6 +13,8 @@ results folder holds a receipt that
     status = qualification_status("NVIDIA H200", "triton")
     status.qualified, status.receipt, status.reason
 
+    planned, status = qualified_plan(caps, require=True)   # refuses an unqualified device
+
 The results folder is, in order: the `results_dir` argument, the KDABENCH_RESULTS
 environment variable, the repository's results/ (beside the kernels package's folder, when
 that folder's parent holds pyproject.toml), else ./results.
@@ -32,6 +34,10 @@ from kdabench.sources import compare_source_hashes, source_hashes
 
 RESULTS_ENV = "KDABENCH_RESULTS"
 KERNEL_PREFIX = "kernels/"
+
+
+class NotQualifiedError(RuntimeError):
+    """plan was asked to require qualification and the device has none."""
 
 
 @dataclass(frozen=True)
@@ -157,3 +163,38 @@ def qualification_status(
             "kernel sources match the installed kernels",
         )
     return QualificationStatus(False, path, reason)
+
+
+def device_name_of(device: str | Any) -> str | None:
+    """The torch name of a CUDA device ("NVIDIA H200"); None for the CPU (never qualified)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(device)
+
+
+def device_status(device: str | Any, backend: str,
+                  results_dir: str | os.PathLike | None = None) -> QualificationStatus:
+    """qualification_status for a torch device; the CPU is never qualified."""
+    name = device_name_of(device)
+    if name is None:
+        return QualificationStatus(False, None, f"{device} is not a CUDA device: only GPU "
+                                   "qualify receipts qualify a device")
+    return qualification_status(name, backend, results_dir)
+
+
+def qualified_plan(caps: Any, policy: Any = None, *, require: bool = False,
+                   results_dir: str | os.PathLike | None = None) -> tuple[Any, QualificationStatus]:
+    """kdabench.kernels.plan(caps, policy) with its qualification status.
+
+    require=True refuses (NotQualifiedError, with the reason) a device that results/ does not
+    qualify for caps.backend with the installed kernel sources.
+    """
+    from kdabench.kernels import plan
+
+    status = device_status(caps.device, caps.backend, results_dir)
+    if require and not status.qualified:
+        raise NotQualifiedError(f"{caps.device} is not qualified for {caps.backend}: {status.reason}")
+    return plan(caps, policy), status

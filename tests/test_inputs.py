@@ -6,9 +6,9 @@ import random
 
 import pytest
 import torch
-from kdabench.oracles import log_decay
 
 from kdabench.inputs import EDGE_LENGTHS, lengths_with_edges, make_inputs, random_lengths
+from kdabench.oracles import log_decay
 
 
 def test_shapes_and_dtypes():

@@ -7,11 +7,14 @@ from pathlib import Path
 import pytest
 
 from kdabench import qualification
+from kdabench.kernels import Caps
 from kdabench.qualification import (
+    NotQualifiedError,
     QualificationStatus,
     default_results_dir,
     kernel_hashes,
     qualification_status,
+    qualified_plan,
 )
 from kdabench.receipts import merge_receipts, new_receipt, render_receipt
 from kdabench.sources import source_hashes
@@ -174,3 +177,24 @@ def test_env_results_folder_is_read(tmp_path, sources, monkeypatch):
     write(tmp_path, sources=sources)
     monkeypatch.setenv(qualification.RESULTS_ENV, str(tmp_path))
     assert qualification_status("NVIDIA H200", "triton", current_sources=sources).qualified
+
+
+def test_qualified_plan_refuses_an_unqualified_device_when_required(tmp_path):
+    caps = Caps(device="cpu", num_heads=1, head_dim=64, max_tokens=16, max_seqs=1,
+                max_state_slots=2)
+    with pytest.raises(NotQualifiedError, match="not a CUDA device"):
+        qualified_plan(caps, require=True, results_dir=tmp_path)
+    planned, status = qualified_plan(caps, results_dir=tmp_path)
+    assert planned.caps == caps and not status.qualified
+
+
+def test_qualified_plan_accepts_a_qualified_device(tmp_path, sources, monkeypatch):
+    write(tmp_path, sources=sources)
+    monkeypatch.setattr(qualification, "device_name_of", lambda device: "NVIDIA H200")
+    caps = Caps(device="cpu", num_heads=1, head_dim=64, max_tokens=16, max_seqs=1,
+                max_state_slots=2)
+    planned, status = qualified_plan(caps, require=True, results_dir=tmp_path)
+    assert status.qualified and planned.caps == caps
+    monkeypatch.setattr(qualification, "device_name_of", lambda device: "NVIDIA GB10")
+    with pytest.raises(NotQualifiedError, match="GB10"):
+        qualified_plan(caps, require=True, results_dir=tmp_path)

@@ -38,6 +38,8 @@ SUPPORT_ROWS = {
     "chunk_size": "chunk size (tokens)",
     "min_lower_bound": "lowest gate lower bound",
     "shared_memory_budget_bytes": "shared memory per block",
+    "qualified": "qualified (results/)",
+    "qualification": "qualification",
 }
 
 
@@ -61,7 +63,7 @@ def info(device: str | None, as_json: bool) -> None:
 
     with user_errors(ValueError):
         identity = device_identity(device)
-    support = _support_report_function()(identity["device"])
+    support = _with_qualification(_support_report_function()(identity["device"]))
     versions = toolchain()
 
     if as_json:
@@ -69,6 +71,16 @@ def info(device: str | None, as_json: bool) -> None:
         click.echo(json.dumps(document, indent=2, default=str))
         return
     _render(identity, support, versions)
+
+
+def _with_qualification(support: Any) -> Any:
+    """The support report(s) with the device's qualification status for each backend."""
+    from kdabench.qualification import device_status
+
+    if isinstance(support, list):
+        return [_with_qualification(report) for report in support]
+    status = device_status(support["device"], support["backend"])
+    return {**support, "qualified": status.qualified, "qualification": status.reason}
 
 
 def _support_report_function() -> Callable[[str | None], Any]:
@@ -137,7 +149,7 @@ def _rows(record: Mapping[str, Any], labels: Mapping[str, str]) -> list[tuple[st
 def _render_value(key: str, value: Any) -> Any:
     from rich.text import Text
 
-    if key == "eligible" and isinstance(value, bool):
+    if key in ("eligible", "qualified") and isinstance(value, bool):
         return Text("yes", style="bold green") if value else Text("no", style="bold red")
     if key == "reasons" and isinstance(value, list | tuple):
         return Text("\n".join(str(reason) for reason in value) if value else "-")

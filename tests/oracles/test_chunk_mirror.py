@@ -7,6 +7,8 @@ import random
 
 import pytest
 import torch
+
+from kdabench.inputs import EDGE_LENGTHS, lengths_with_edges, make_inputs
 from kdabench.oracles import (
     assert_close,
     chunk_kda_mirror,
@@ -14,8 +16,6 @@ from kdabench.oracles import (
     recurrent_kda,
     relative_error,
 )
-
-from kdabench.inputs import EDGE_LENGTHS, lengths_with_edges, make_inputs
 
 # fp32 mirror vs float64 recurrence on the same bf16 inputs measures ~1e-7; a wrong formula
 # (a mask off by one, a missing decay, no intra-chunk solve) gives 1e-2 or more.

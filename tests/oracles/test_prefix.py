@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from kdabench.inputs import make_inputs
 from kdabench.oracles import (
     assert_close,
     chunk_kda_mirror,
@@ -12,8 +14,6 @@ from kdabench.oracles import (
     recurrent_kda,
     relative_error,
 )
-
-from kdabench.inputs import make_inputs
 
 TOL = 1e-12  # float64 both ways; the same operations up to summation order
 

@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+
+from kdabench.inputs import make_inputs
 from kdabench.oracles import (
     assert_close,
     l2_normalize,
@@ -13,8 +15,6 @@ from kdabench.oracles import (
     recurrent_kda,
     relative_error,
 )
-
-from kdabench.inputs import make_inputs
 
 TOL = 1e-12  # float64 against float64: only summation order differs
 
