@@ -1,0 +1,277 @@
+"""The Triton prefill under the interpreter (CPU) against the float64 recurrence.
+
+Every case checks outputs, final states and every exported checkpoint against `recurrent_kda`,
+that every live output row was written (the output is poisoned first), that no pool slot other
+than the call's destinations changed, and, kernel against kernel, that each checkpoint equals
+the final state of a second run over its prefix: bit for bit on chunk boundaries.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kdabench.inputs import lengths_with_edges, make_inputs
+from kdabench.kernels import Caps, bind, kda_prefill, plan, run
+from kdabench.oracles import assert_close, prefix_batch, recurrent_kda
+
+OUTPUT_TOL = 5e-3  # bf16 outputs (the interpreter truncates fp32 -> bf16: ~3.3e-3 measured)
+STATE_TOL = 3e-3  # fp32 states (~1e-7 measured on the CPU)
+CHUNK = 16
+SENTINEL = 16384.0  # exact in bf16; no output of these inputs comes near it
+
+
+@dataclass
+class Metadata:
+    """One call's metadata as Python lists; checkpoint rows hold C entries (-1 slot: inactive)."""
+
+    cu_seqlens: list[int]
+    initial: list[int]
+    final: list[int]
+    ck_offsets: list[list[int]]
+    ck_slots: list[list[int]]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [b - a for a, b in zip(self.cu_seqlens, self.cu_seqlens[1:])]
+
+    def active_checkpoints(self) -> list[list[tuple[int, int]]]:
+        """(offset, slot) of the active entries, per sequence, in entry order."""
+        return [[(o, s) for o, s in zip(offs, slots) if s != -1]
+                for offs, slots in zip(self.ck_offsets, self.ck_slots)]
+
+    def write_slots(self) -> list[int]:
+        ck = [s for row in self.active_checkpoints() for _, s in row]
+        return [s for s in self.final if s != -1] + ck
+
+    def tensors(self, dtype: torch.dtype, vector: bool) -> dict[str, torch.Tensor]:
+        def t(values):
+            return torch.tensor(values, dtype=dtype)
+
+        offsets, slots = t(self.ck_offsets), t(self.ck_slots)
+        if vector:
+            offsets, slots = offsets[:, 0].contiguous(), slots[:, 0].contiguous()
+        return {"cu_seqlens": t(self.cu_seqlens), "initial_state_indices": t(self.initial),
+                "final_state_indices": t(self.final), "checkpoint_offsets": offsets,
+                "checkpoint_state_indices": slots}
+
+
+def lay_out(lengths, checkpoints, *, capacity, null_initial=(), null_final=(), seed=0):
+    """Metadata and slot count for `checkpoints` (per sequence: C entries, an offset or None).
+
+    Every slot is distinct (drawn from a random permutation); inactive entries carry garbage
+    offsets (0, or past the end), which the kernel must ignore.
+    """
+    rng = random.Random(seed)
+    n = len(lengths)
+    num_slots = n * (2 + capacity) + 3
+    free = rng.sample(range(num_slots), num_slots)
+    initial = [-1 if i in null_initial else free.pop() for i in range(n)]
+    final = [-1 if i in null_final else free.pop() for i in range(n)]
+    ck_offsets, ck_slots = [], []
+    for length, row in zip(lengths, checkpoints):
+        assert len(row) == capacity
+        ck_offsets.append([rng.choice([0, length + 5]) if o is None else o for o in row])
+        ck_slots.append([-1 if o is None else free.pop() for o in row])
+    cu = [0]
+    for length in lengths:
+        cu.append(cu[-1] + length)
+    return Metadata(cu, initial, final, ck_offsets, ck_slots), num_slots
+
+
+def random_checkpoints(rng: random.Random, length: int, capacity: int) -> list[int | None]:
+    """Up to `capacity` increasing offsets from {1, len-1, multiples of 16, one random}."""
+    candidates = {1, length - 1, rng.randint(1, max(length - 1, 1))}
+    candidates |= set(range(CHUNK, length, CHUNK))
+    candidates = sorted(c for c in candidates if 1 <= c <= length - 1)
+    chosen = sorted(rng.sample(candidates, rng.randint(0, min(capacity, len(candidates)))))
+    row: list[int | None] = [None] * capacity
+    positions = sorted(rng.sample(range(capacity), len(chosen)))
+    for position, offset in zip(positions, chosen):
+        row[position] = offset
+    return row
+
+
+def make_pool(meta: Metadata, num_slots, x, seed) -> torch.Tensor:
+    """A pool of random states (so stray writes show) with the initial states in place."""
+    num_heads, dim = x.q.shape[1], x.q.shape[2]
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.randn(num_slots, num_heads, dim, dim, generator=gen)
+    for n, slot in enumerate(meta.initial):
+        if slot != -1:
+            pool[slot] = x.initial_state[n]
+    return pool
+
+
+def initial_states(meta: Metadata, pool: torch.Tensor) -> torch.Tensor:
+    """[N, H, V, K] initial states as the kernel reads them (zeros for the null slot)."""
+    zeros = torch.zeros_like(pool[0])
+    return torch.stack([pool[s] if s != -1 else zeros for s in meta.initial])
+
+
+def check_against_oracle(x, meta, pool_before, pool, o, *, scale=None):
+    """Outputs of the live rows, finals, checkpoints and untouched slots against float64."""
+    live = meta.cu_seqlens[-1]
+    tokens = slice(0, live)
+    active = meta.active_checkpoints()
+    ref = recurrent_kda(
+        x.q[tokens], x.k[tokens], x.v[tokens], x.g[tokens], x.beta[tokens],
+        cu_seqlens=meta.cu_seqlens, initial_state=initial_states(meta, pool_before),
+        scale=scale, prefix_lengths=[[off for off, _ in row] for row in active],
+        **x.gate_kwargs(),
+    )
+    unwritten = (o[:live] == SENTINEL).flatten(1).any(dim=1).nonzero().flatten().tolist()
+    assert not unwritten, f"live output rows never written: {unwritten}"
+    assert_close("o", ref.o, o[:live], OUTPUT_TOL)
+
+    finals = [n for n, s in enumerate(meta.final) if s != -1]
+    if finals:
+        got = torch.stack([pool[meta.final[n]] for n in finals])
+        assert_close("final states", ref.final_state[finals], got, STATE_TOL)
+    for n, row in enumerate(active):
+        for i, (offset, slot) in enumerate(row):
+            assert_close(f"checkpoint of sequence {n} at offset {offset}",
+                         ref.prefix_states[n][i], pool[slot], STATE_TOL)
+    for n, length in enumerate(meta.lengths):
+        if length == 0 and meta.final[n] != -1:
+            assert torch.equal(pool[meta.final[n]], initial_states(meta, pool_before)[n]), (
+                f"zero-length sequence {n}: final state is not its initial state, bit for bit")
+
+    written = set(meta.write_slots())
+    untouched = [s for s in range(pool.shape[0]) if s not in written]
+    changed = [s for s in untouched if not torch.equal(pool[s], pool_before[s])]
+    assert not changed, f"slots outside the call's destinations changed: {changed}"
+
+
+def check_against_prefix_runs(x, meta, pool_before, pool, index_dtype, *, scale=None):
+    """Each checkpoint vs a second kernel run over its prefix: bitwise where chunk-aligned."""
+    active = meta.active_checkpoints()
+    batch = prefix_batch(meta.cu_seqlens, [[off for off, _ in row] for row in active])
+    if not batch.owners:
+        return
+    p = len(batch.owners)
+    idx = batch.token_index
+    init_pool = initial_states(meta, pool_before)[batch.sequence_index]
+    prefix_pool = torch.cat([init_pool, torch.zeros_like(init_pool)])
+    initial = [n if meta.initial[owner] != -1 else -1 for n, (owner, _) in enumerate(batch.owners)]
+    result = kda_prefill(
+        x.q[idx], x.k[idx], x.v[idx], x.g[idx], x.beta[idx], state_pool=prefix_pool,
+        cu_seqlens=batch.cu_seqlens.to(index_dtype),
+        initial_state_indices=torch.tensor(initial, dtype=index_dtype),
+        final_state_indices=torch.arange(p, 2 * p, dtype=index_dtype),
+        scale=scale, **x.gate_kwargs(),
+    )
+    assert int(result.error_code) == 0, result.message()
+    slots = [s for row in active for _, s in row]
+    for i, ((n, offset), slot) in enumerate(zip(batch.owners, slots)):
+        prefix_final = prefix_pool[p + i]
+        if offset % CHUNK == 0:
+            assert torch.equal(pool[slot], prefix_final), (
+                f"sequence {n}: the checkpoint at aligned offset {offset} differs bitwise from "
+                f"the final state of a run over the prefix "
+                f"(max diff {(pool[slot] - prefix_final).abs().max().item():.3e})")
+        else:
+            assert_close(f"sequence {n} offset {offset} vs its prefix run",
+                         prefix_final, pool[slot], STATE_TOL)
+
+
+N_ = None  # an inactive checkpoint entry, in the tables below
+
+CASES = [
+    # id, lengths, heads, head_dim, capacity, checkpoints, gate, l2norm+beta_sigmoid, index dtype,
+    # null initial slots, null final slots, scale
+    ("L1-15-16-17-33-H2-K64-C1-precomputed-i32", [1, 15, 16, 17, 33], 2, 64, 1,
+     [[N_], [1], [14], [16], [32]], "precomputed", False, torch.int32, (0, 3), (), None),
+    ("L33-17-H1-K64-C2-sigmoid-i64", [33, 17], 1, 64, 2,
+     [[16, 17], [N_, 9]], "sigmoid", False, torch.int64, (1,), (), None),
+    ("L17-1-16-H3-K64-C4-softplus-l2norm-betasigmoid-i32", [17, 1, 16], 3, 64, 4,
+     [[1, 5, N_, 16], [N_, N_, N_, N_], [N_, 8, 15, N_]], "softplus", True, torch.int32,
+     (), (1,), None),
+    ("L48-H2-K64-C4-offsets1-16-32-47-precomputed-i64", [48], 2, 64, 4,
+     [[1, 16, 32, 47]], "precomputed", False, torch.int64, (), (), None),
+    ("L33-0-20-H2-K64-C2-zero-length-sigmoid-l2norm-i32", [33, 0, 20], 2, 64, 2,
+     [[N_, 31], [N_, N_], [3, 19]], "sigmoid", True, torch.int32, (2,), (), None),
+    ("L40-H1-K128-C4-precomputed-scale0.3-i64", [40], 1, 128, 4,
+     [[7, 16, N_, 39]], "precomputed", False, torch.int64, (), (), 0.3),
+]
+
+
+def random_case(seed: int, capacity: int, gate: str, index_dtype: torch.dtype, *,
+                num_seqs: int = 4, max_len: int = 40, heads: int = 2):
+    rng = random.Random(seed)
+    lengths = lengths_with_edges(rng, num_seqs, max_len)
+    checkpoints = [random_checkpoints(rng, n, capacity) for n in lengths]
+    null_initial = tuple(i for i in range(num_seqs) if rng.random() < 0.3)
+    fused_norms = seed % 2 == 1
+    name = "-".join(map(str, lengths)) if num_seqs <= 6 else f"{num_seqs}seqs-upto{max_len}"
+    norms = "-l2norm-betasigmoid" if fused_norms else ""
+    dtype = "i32" if index_dtype == torch.int32 else "i64"
+    return (f"random{seed}-L{name}-H{heads}-K64-C{capacity}-{gate}{norms}-{dtype}", lengths,
+            heads, 64, capacity, checkpoints, gate, fused_norms, index_dtype, null_initial, (),
+            None)
+
+
+CASES += [
+    random_case(101, 4, "precomputed", torch.int32),
+    random_case(102, 2, "softplus", torch.int64),
+    random_case(103, 1, "sigmoid", torch.int64),
+    # more sequences than one block of the validator (64): chunk offsets across blocks
+    random_case(104, 2, "precomputed", torch.int32, num_seqs=70, max_len=20, heads=1),
+]
+
+
+@pytest.mark.parametrize(
+    "lengths, heads, head_dim, capacity, checkpoints, gate, fused_norms, index_dtype, "
+    "null_initial, null_final, scale",
+    [case[1:] for case in CASES], ids=[case[0] for case in CASES],
+)
+def test_prefill_matches_recurrent_oracle(lengths, heads, head_dim, capacity, checkpoints, gate,
+                                          fused_norms, index_dtype, null_initial, null_final,
+                                          scale, seed):
+    x = make_inputs(lengths, heads, head_dim, gate=gate, qk_l2norm=fused_norms,
+                    beta_sigmoid=fused_norms, seed=seed % 1000)
+    meta, num_slots = lay_out(lengths, checkpoints, capacity=capacity, null_initial=null_initial,
+                              null_final=null_final, seed=seed)
+    pool = make_pool(meta, num_slots, x, seed)
+    pool_before = pool.clone()
+    out = torch.full_like(x.v, SENTINEL)
+    result = kda_prefill(x.q, x.k, x.v, x.g, x.beta, state_pool=pool, out=out, scale=scale,
+                         **meta.tensors(index_dtype, vector=capacity == 1), **x.gate_kwargs())
+    assert int(result.error_code) == 0, result.message()
+    assert result.o.data_ptr() == out.data_ptr(), "the kernel did not write into out="
+    check_against_oracle(x, meta, pool_before, pool, result.o, scale=scale)
+    check_against_prefix_runs(x, meta, pool_before, pool, index_dtype, scale=scale)
+
+
+def test_planned_binding_reused_with_new_metadata(seed):
+    """One binding, two runs: new lengths, offsets, slots and a smaller live count in place."""
+    heads, dim, max_tokens = 2, 64, 64
+    x = make_inputs([max_tokens], heads, dim, gate="sigmoid", seed=seed % 1000)
+    caps = Caps(device="cpu", num_heads=heads, head_dim=dim, max_tokens=max_tokens, max_seqs=3,
+                max_state_slots=20, max_checkpoints=2, gate="sigmoid")
+    planned = plan(caps)
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.randn(20, heads, dim, dim, generator=gen)
+    first = Metadata([0, 17, 47, 56], [0, -1, 1], [2, 3, 4], [[16, 9], [1, 29], [0, 0]],
+                     [[5, -1], [6, 7], [-1, -1]])
+    second = Metadata([0, 33, 40, 40], [3, 4, 0], [8, 9, -1], [[1, 32], [3, 0], [0, 0]],
+                      [[10, 11], [12, -1], [-1, -1]])  # third entry left over, not live
+    tensors = first.tensors(torch.int64, vector=False)
+    binding = bind(planned, x.q, x.k, x.v, x.g, x.beta, state_pool=pool, A_log=x.A_log,
+                   dt_bias=x.dt_bias, **tensors)
+    for meta, live in ((first, 3), (second, 2)):
+        for name, value in meta.tensors(torch.int64, vector=False).items():
+            getattr(binding, name).copy_(value)
+        binding.set_num_seqs(live)
+        live_meta = Metadata(meta.cu_seqlens[: live + 1], meta.initial[:live], meta.final[:live],
+                             meta.ck_offsets[:live], meta.ck_slots[:live])
+        binding.out.fill_(SENTINEL)
+        pool_before = pool.clone()
+        result = run(binding)
+        assert int(result.error_code) == 0, result.message()
+        check_against_oracle(x, live_meta, pool_before, pool, result.o)
+        rest = result.o[live_meta.cu_seqlens[-1]:]
+        assert bool((rest == SENTINEL).all()), "rows past the live tokens were written"

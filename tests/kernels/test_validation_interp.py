@@ -1,0 +1,473 @@
+"""Transactional validation under the interpreter: each fault class rejected, nothing written.
+
+Every rejected call must set exactly its bit (the one `expected_error_code` computes, too),
+leave the pool bit-for-bit unchanged, fill the whole output with NaN, and decode into a
+message naming the fault; `raise_for_error` raises KdaMetadataError. A hypothesis fuzz test
+checks the device validator against the host reference on random metadata.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kdabench.inputs import make_inputs
+from kdabench.kernels import (
+    Caps,
+    KdaMetadataError,
+    MetadataFault,
+    bind,
+    decode_error_code,
+    kda_prefill,
+    plan,
+    run,
+)
+from kdabench.oracles import assert_close, expected_error_code, recurrent_kda
+
+HEADS, DIM = 1, 64
+NUM_SLOTS = 16
+DUP = MetadataFault.DUPLICATE_WRITE_SLOT
+LENGTHS_BAD = MetadataFault.MALFORMED_LENGTHS
+RANGE = MetadataFault.SLOT_OUT_OF_RANGE
+OFFSET = MetadataFault.BAD_CHECKPOINT_OFFSET
+
+
+@functools.cache
+def inputs(num_tokens: int):
+    return make_inputs([num_tokens], HEADS, DIM, seed=7)
+
+
+BASE_CHECKPOINTS = {  # capacity: (offsets, slots) per sequence (lengths 20, 17, 5); -1: inactive
+    1: ([[1], [8], [4]], [[6], [7], [8]]),
+    2: ([[1, 16], [8, 16], [4, 1]], [[6, 7], [8, 9], [10, -1]]),
+    4: ([[1, 12, 16, 19], [8, 16, 2, 3], [4, 1, 2, 3]],
+        [[6, 7, 8, -1], [9, 10, -1, -1], [11, -1, -1, -1]]),
+}
+
+
+def valid_metadata(capacity: int) -> dict:
+    """A valid layout: initial slots 0-2, final slots 3-5, checkpoint slots from 6 on."""
+    offsets, slots = BASE_CHECKPOINTS[capacity]
+    return {"cu_seqlens": [0, 20, 37, 42], "initial": [0, 1, 2], "final": [3, 4, 5],
+            "ck_offsets": [list(row) for row in offsets],
+            "ck_slots": [list(row) for row in slots]}
+
+
+def metadata_tensors(meta: dict, capacity: int, dtype=torch.int32) -> dict:
+    def t(values):
+        return torch.tensor(values, dtype=dtype)
+
+    offsets, slots = t(meta["ck_offsets"]), t(meta["ck_slots"])
+    if capacity == 1:
+        offsets, slots = offsets[:, 0].contiguous(), slots[:, 0].contiguous()
+    return {"cu_seqlens": t(meta["cu_seqlens"]), "initial_state_indices": t(meta["initial"]),
+            "final_state_indices": t(meta["final"]), "checkpoint_offsets": offsets,
+            "checkpoint_state_indices": slots}
+
+
+def random_pool(num_slots: int = NUM_SLOTS, seed: int = 3) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(num_slots, HEADS, DIM, DIM, generator=gen)
+
+
+def call(meta: dict, capacity: int, num_tokens: int = 42, dtype=torch.int32):
+    """Run the functional prefill on `meta`; return (result, pool before, pool after)."""
+    x = inputs(num_tokens)
+    pool = random_pool()
+    pool_before = pool.clone()
+    result = kda_prefill(x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                         **metadata_tensors(meta, capacity, dtype))
+    return result, pool_before, pool
+
+
+def expected_code(meta: dict, capacity: int, num_tokens: int = 42, num_seqs=None) -> int:
+    rows = [row[0] for row in meta["ck_offsets"]] if capacity == 1 else meta["ck_offsets"]
+    slots = [row[0] for row in meta["ck_slots"]] if capacity == 1 else meta["ck_slots"]
+    live = len(meta["cu_seqlens"]) - 1 if num_seqs is None else num_seqs
+    return expected_error_code(meta["cu_seqlens"], live, meta["initial"], meta["final"], rows,
+                               slots, NUM_SLOTS, num_tokens)
+
+
+def assert_rejected(result, pool_before, pool, fault: MetadataFault, reference_code: int):
+    code = int(result.error_code)
+    assert code == int(fault), f"error code {code} ({decode_error_code(code)}), expected {fault!r}"
+    assert reference_code == int(fault), f"expected_error_code says {reference_code}"
+    assert torch.equal(pool, pool_before), "a rejected call changed the state pool"
+    assert bool(result.o.isnan().all()), "a rejected call left output values that are not NaN"
+    assert fault.name in decode_error_code(code)
+    assert fault.name in result.message()
+    with pytest.raises(KdaMetadataError) as caught:
+        result.raise_for_error()
+    assert caught.value.code == int(fault)
+
+
+def edited(capacity: int, changes: dict) -> dict:
+    """The valid layout with `changes` applied: a new value, or an edit of the old one."""
+    meta = valid_metadata(capacity)
+    for key, edit in changes.items():
+        meta[key] = edit(meta[key]) if callable(edit) else edit
+    return meta
+
+
+def set_at(row: int, column: int | None, value: int):
+    """An edit that sets meta[key][row] (or [row][column]) to value."""
+    def edit(entries):
+        entries = [list(e) if isinstance(e, list) else e for e in entries]
+        if column is None:
+            entries[row] = value
+        else:
+            entries[row][column] = value
+        return entries
+    return edit
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 4], ids=["C1", "C2", "C4"])
+def test_valid_base_metadata_is_accepted(capacity):
+    """The layout the fault tests edit is valid: each rejection comes from its one edit."""
+    meta = valid_metadata(capacity)
+    result, pool_before, pool = call(meta, capacity)
+    assert int(result.error_code) == 0, result.message()
+    assert expected_code(meta, capacity) == 0
+    result.raise_for_error()
+    assert not torch.equal(pool, pool_before)
+    assert not bool(result.o.isnan().any())
+
+
+# ---- bit 0: duplicate or conflicting write slots --------------------------------------------
+
+
+@pytest.mark.parametrize("capacity, changes", [
+    (1, {"final": [3, 3, 5]}),
+    (2, {"ck_slots": set_at(1, 1, 3)}),  # sequence 1's checkpoint on sequence 0's final slot
+    (2, {"ck_slots": set_at(0, 1, 4)}),  # sequence 0's checkpoint on sequence 1's final slot
+    (4, {"ck_slots": set_at(0, 1, 3)}),  # a checkpoint on its own sequence's final slot
+    (2, {"ck_slots": set_at(0, 1, 6)}),  # both checkpoints of sequence 0 on one slot
+    (2, {"ck_slots": set_at(1, 0, 6)}),  # checkpoints of sequences 0 and 1 on one slot
+], ids=["final-final", "checkpoint-on-earlier-final", "checkpoint-on-later-final",
+        "checkpoint-on-own-final", "checkpoints-same-sequence", "checkpoints-across-sequences"])
+def test_duplicate_write_slot(capacity, changes):
+    meta = edited(capacity, changes)
+    assert_rejected(*call(meta, capacity), DUP, expected_code(meta, capacity))
+
+
+@pytest.mark.parametrize("capacity, changes", [
+    (1, {"final": [3, 0, 5]}),  # sequence 1 writes its final on sequence 0's initial slot
+    (2, {"ck_slots": set_at(0, 0, 2)}),  # a checkpoint on sequence 2's initial slot
+], ids=["final-on-other-initial", "checkpoint-on-other-initial"])
+def test_write_slot_aliasing_another_sequence_initial_slot(capacity, changes):
+    meta = edited(capacity, changes)
+    assert_rejected(*call(meta, capacity), DUP, expected_code(meta, capacity))
+
+
+def test_own_initial_slot_as_final_slot_is_accepted():
+    """In-place update (vLLM's usual case): read slot s, write slot s, same sequence."""
+    meta = edited(2, {"final": [0, 1, 2]})
+    x = inputs(42)
+    pool = random_pool()
+    pool_before = pool.clone()
+    result = kda_prefill(x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                         **metadata_tensors(meta, 2))
+    assert int(result.error_code) == 0, result.message()
+    assert expected_code(meta, 2) == 0
+    ref = recurrent_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=meta["cu_seqlens"],
+                        initial_state=pool_before[:3])
+    assert_close("states updated in place", ref.final_state, pool[:3], 3e-3)
+
+
+MANY = 70  # more sequences than one block (64) of the device validator
+
+
+def many_sequences() -> dict:
+    """70 sequences of 2-4 tokens, each with a final slot and one checkpoint (capacity 1)."""
+    lengths = [2 + n % 3 for n in range(MANY)]
+    cu = [0]
+    for length in lengths:
+        cu.append(cu[-1] + length)
+    return {"cu_seqlens": cu, "initial": [-1] * MANY, "final": list(range(MANY)),
+            "ck_offsets": [[1] for _ in range(MANY)],
+            "ck_slots": [[MANY + n] for n in range(MANY)]}
+
+
+def many_call(meta: dict):
+    x = inputs(meta["cu_seqlens"][-1])
+    pool = random_pool(2 * MANY + 2)
+    pool_before = pool.clone()
+    result = kda_prefill(x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                         **metadata_tensors(meta, 1))
+    return result, pool_before, pool
+
+
+@pytest.mark.parametrize("slot_of, target", [
+    (("final", 67, None), 3),  # final of sequence 67 on the final of sequence 3
+    (("ck_slots", 2, 0), 68),  # checkpoint of sequence 2 on the final of sequence 68
+    (("ck_slots", 66, 0), MANY + 65),  # two checkpoints in the second block
+], ids=["final-block1-on-final-block0", "checkpoint-block0-on-final-block1",
+        "checkpoints-within-block1"])
+def test_duplicate_write_slot_across_validator_blocks(slot_of, target):
+    meta = many_sequences()
+    key, row, column = slot_of
+    meta = {**meta, key: set_at(row, column, target)(meta[key])}
+    result = many_call(meta)
+    assert_rejected(*result, DUP, many_expected_code(meta))
+
+
+def many_expected_code(meta: dict) -> int:
+    return expected_error_code(meta["cu_seqlens"], MANY, meta["initial"], meta["final"],
+                               [r[0] for r in meta["ck_offsets"]],
+                               [r[0] for r in meta["ck_slots"]], 2 * MANY + 2,
+                               meta["cu_seqlens"][-1])
+
+
+@pytest.mark.parametrize("row, offset", [(64, 0), (69, 2 + 69 % 3)],
+                         ids=["offset-0-first-of-block1", "offset-eq-len-last-sequence"])
+def test_bad_checkpoint_offset_in_second_validator_block(row, offset):
+    meta = many_sequences()
+    meta = {**meta, "ck_offsets": set_at(row, 0, offset)(meta["ck_offsets"])}
+    assert_rejected(*many_call(meta), OFFSET, many_expected_code(meta))
+
+
+def test_many_sequences_accepted():
+    """The control for the test above."""
+    result, pool_before, pool = many_call(many_sequences())
+    assert int(result.error_code) == 0, result.message()
+    changed = [s for s in range(pool.shape[0]) if not torch.equal(pool[s], pool_before[s])]
+    assert changed == list(range(2 * MANY)), "every final and checkpoint slot, nothing else"
+
+
+# ---- bit 1: malformed lengths -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("capacity, changes", [
+    (1, {"cu_seqlens": [0, 20, 18, 42]}),
+    (2, {"cu_seqlens": [0, 20, 20, 17]}),
+], ids=["decreasing-middle", "decreasing-last"])
+def test_non_monotone_cu_seqlens(capacity, changes):
+    meta = edited(capacity, changes)
+    for n in range(3):  # checkpoints of negative-length sequences would add bit 3
+        meta["ck_slots"][n] = [-1] * capacity
+    assert_rejected(*call(meta, capacity), LENGTHS_BAD, expected_code(meta, capacity))
+
+
+def test_cu_seqlens_not_starting_at_zero():
+    meta = edited(2, {"cu_seqlens": [1, 20, 37, 42]})
+    assert_rejected(*call(meta, 2), LENGTHS_BAD, expected_code(meta, 2))
+
+
+@pytest.mark.parametrize("num_tokens", [41, 30], ids=["one-past", "far-past"])
+def test_tokens_beyond_capacity(num_tokens):
+    """cu_seqlens ends at 42, q holds fewer tokens."""
+    meta = edited(2, {"cu_seqlens": [0, 20, 37, 42]})
+    result = call(meta, 2, num_tokens=num_tokens)
+    assert_rejected(*result, LENGTHS_BAD, expected_code(meta, 2, num_tokens=num_tokens))
+
+
+def planned_call(meta: dict, capacity: int, num_seqs: int):
+    x = inputs(42)
+    caps = Caps(device="cpu", num_heads=HEADS, head_dim=DIM, max_tokens=42, max_seqs=3,
+                max_state_slots=NUM_SLOTS, max_checkpoints=capacity)
+    pool = random_pool()
+    pool_before = pool.clone()
+    binding = bind(plan(caps), x.q, x.k, x.v, x.g, x.beta, state_pool=pool, num_seqs=num_seqs,
+                   **metadata_tensors(meta, capacity))
+    return run(binding), pool_before, pool
+
+
+@pytest.mark.parametrize("num_seqs", [0, 4, -1], ids=["zero", "above-capacity", "negative"])
+def test_live_sequence_count_outside_capacity(num_seqs):
+    meta = valid_metadata(2)
+    result = planned_call(meta, 2, num_seqs)
+    assert_rejected(*result, LENGTHS_BAD, expected_code(meta, 2, num_seqs=num_seqs))
+
+
+def test_live_sequence_count_inside_capacity_ignores_dead_entries():
+    """Entries past num_seqs are not examined, however wrong they are."""
+    meta = edited(2, {"cu_seqlens": [0, 20, 10, 99], "final": [3, 99, 3], "initial": [0, -7, 2]})
+    result, _, _ = planned_call(meta, 2, num_seqs=1)
+    assert int(result.error_code) == 0, result.message()
+    assert expected_code(meta, 2, num_seqs=1) == 0
+
+
+# ---- bit 2: slot out of range -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("capacity, changes", [
+    (1, {"final": set_at(1, None, NUM_SLOTS)}),
+    (1, {"initial": set_at(0, None, NUM_SLOTS + 100)}),
+    (2, {"ck_slots": set_at(2, 0, NUM_SLOTS)}),
+    (1, {"final": set_at(2, None, -2)}),
+    (2, {"initial": set_at(1, None, -5)}),
+    (4, {"ck_slots": set_at(0, 2, -3)}),
+    (1, {"final": set_at(0, None, 2**31 - 1)}),
+], ids=["final-eq-num-slots", "initial-past-end", "checkpoint-eq-num-slots", "final-minus2",
+        "initial-minus5", "checkpoint-minus3", "final-int32-max"])
+def test_slot_out_of_range(capacity, changes):
+    meta = edited(capacity, changes)
+    assert_rejected(*call(meta, capacity), RANGE, expected_code(meta, capacity))
+
+
+def test_slot_out_of_range_with_int64_indices():
+    """An int64 slot past 2^32 must not wrap into range."""
+    meta = edited(1, {"final": set_at(0, None, 2**32 + 3)})
+    result = call(meta, 1, dtype=torch.int64)
+    assert_rejected(*result, RANGE, expected_code(meta, 1))
+
+
+# ---- bit 3: bad checkpoint offsets ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("capacity, changes", [
+    (1, {"ck_offsets": set_at(1, 0, 0)}),
+    (2, {"ck_offsets": set_at(0, 1, 20)}),  # == len of sequence 0
+    (1, {"ck_offsets": set_at(2, 0, 5)}),  # == len of sequence 2
+    (2, {"ck_offsets": set_at(0, 1, 1000)}),
+    (1, {"ck_offsets": set_at(0, 0, -4)}),
+    (2, {"ck_offsets": set_at(0, 1, 1)}),  # [1, 1]: duplicate offsets
+    (2, {"ck_offsets": set_at(1, 1, 7)}),  # [8, 7]: decreasing
+    (4, {"ck_offsets": set_at(0, 2, 5)}),  # [1, 12, 5]: not increasing
+], ids=["offset-0", "offset-eq-len", "offset-eq-len-short", "offset-far-past", "offset-negative",
+        "duplicate-offsets", "decreasing-offsets", "not-increasing-third"])
+def test_bad_checkpoint_offset(capacity, changes):
+    meta = edited(capacity, changes)
+    assert_rejected(*call(meta, capacity), OFFSET, expected_code(meta, capacity))
+
+
+def test_inactive_entries_with_garbage_offsets_are_accepted():
+    """Entries with slot -1 are skipped, whatever their offsets (and wherever they sit)."""
+    meta = edited(4, {"ck_offsets": [[0, 16, 19, -9], [8, 999, 16, 0], [4, 0, 0, 0]],
+                      "ck_slots": [[-1, 6, 7, -1], [8, -1, 9, -1], [10, -1, -1, -1]]})
+    result, _, _ = call(meta, 4)
+    assert int(result.error_code) == 0, result.message()
+    assert expected_code(meta, 4) == 0
+
+
+@pytest.mark.parametrize("offset, slot, fault", [
+    (19, NUM_SLOTS, RANGE),
+    (19, 4, DUP),  # sequence 1's final slot
+    (19, 9, DUP),  # the slot of sequence 1's first checkpoint
+    (19, 1, DUP),  # sequence 1's initial slot
+    (20, 15, OFFSET),  # offset == len
+    (14, 15, OFFSET),  # below the third offset (16)
+    (16, 15, OFFSET),  # equal to the third offset
+], ids=["slot-eq-num-slots", "slot-on-other-final", "slot-on-other-checkpoint",
+        "slot-on-other-initial", "offset-eq-len", "offset-below-third", "offset-eq-third"])
+def test_invalid_fourth_destination(offset, slot, fault):
+    """Capacity 4: sequence 0 has three valid checkpoints (1, 12, 16) and a bad fourth."""
+    meta = valid_metadata(4)
+    meta["ck_offsets"][0][3], meta["ck_slots"][0][3] = offset, slot
+    assert_rejected(*call(meta, 4), fault, expected_code(meta, 4))
+
+
+def test_valid_fourth_destination_is_accepted():
+    """The control for the test above: offset 19 into spare slot 15 goes through."""
+    meta = valid_metadata(4)
+    meta["ck_offsets"][0][3], meta["ck_slots"][0][3] = 19, 15
+    result, pool_before, pool = call(meta, 4)
+    assert int(result.error_code) == 0, result.message()
+    assert expected_code(meta, 4) == 0
+    assert not torch.equal(pool[15], pool_before[15])
+
+
+# ---- fuzz: the device validator against the host reference ------------------------------------
+
+FUZZ_TOKENS = 48
+FUZZ_SLOTS = 8
+
+
+MUTATIONS = ["cu", "num_seqs", "slot", "offset", "alias", "duplicate"]
+
+
+@st.composite
+def metadata_sets(draw):
+    """Small valid metadata sets, most of them then broken by one to three random mutations."""
+    capacity = draw(st.sampled_from([1, 2, 4]))
+    n = draw(st.integers(1, 3))
+    lengths = draw(st.lists(st.integers(0, 16), min_size=n, max_size=n))
+    cu = [0]
+    for length in lengths:
+        cu.append(cu[-1] + length)
+    slots = draw(st.permutations(range(FUZZ_SLOTS)))
+    null = st.integers(0, 3).map(lambda i: i == 0)  # -1 a quarter of the time
+    initial = [-1 if draw(null) else slots[i] for i in range(n)]
+    final = [-1 if draw(null) else slots[n + i] for i in range(n)]
+    spare = list(slots[2 * n:])
+    ck_offsets, ck_slots = [], []
+    for length in lengths:
+        row_offsets, row_slots = [], []
+        previous = 0
+        for _ in range(capacity):
+            if previous + 1 <= length - 1 and spare and not draw(null):
+                previous = draw(st.integers(previous + 1, length - 1))
+                row_offsets.append(previous)
+                row_slots.append(spare.pop())
+            else:
+                row_offsets.append(draw(st.integers(-1, length + 1)))
+                row_slots.append(-1)
+        ck_offsets.append(row_offsets)
+        ck_slots.append(row_slots)
+    num_seqs = n
+    meta = {"cu_seqlens": cu, "initial": initial, "final": final, "ck_offsets": ck_offsets,
+            "ck_slots": ck_slots}
+    for _ in range(draw(st.sampled_from([1, 2, 1, 3, 0, 1]))):
+        kind = draw(st.sampled_from(MUTATIONS))
+        n_at = draw(st.integers(0, n - 1))
+        if kind == "cu":
+            at = draw(st.integers(0, n))
+            meta["cu_seqlens"][at] = draw(st.integers(-2, FUZZ_TOKENS + 3))
+        elif kind == "num_seqs":
+            num_seqs = draw(st.sampled_from([0, n + 1, max(n - 1, 1)]))
+        elif kind == "slot":
+            key = draw(st.sampled_from(["initial", "final", "ck_slots"]))
+            value = draw(st.sampled_from([-3, -2, FUZZ_SLOTS, FUZZ_SLOTS + 1, *range(FUZZ_SLOTS)]))
+            if key == "ck_slots":
+                meta[key][n_at][draw(st.integers(0, capacity - 1))] = value
+            else:
+                meta[key][n_at] = value
+        elif kind == "offset":
+            c = draw(st.integers(0, capacity - 1))
+            meta["ck_offsets"][n_at][c] = draw(st.integers(-1, lengths[n_at] + 1))
+        elif kind == "alias":  # a final slot onto some initial slot
+            meta["final"][n_at] = meta["initial"][draw(st.integers(0, n - 1))]
+        else:  # a checkpoint slot onto some final slot
+            c = draw(st.integers(0, capacity - 1))
+            meta["ck_slots"][n_at][c] = meta["final"][draw(st.integers(0, n - 1))]
+    return meta, capacity, num_seqs
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=metadata_sets())
+def test_fuzz_device_validator_matches_host_reference(case):
+    meta, capacity, num_seqs = case
+    n = len(meta["cu_seqlens"]) - 1
+    expected = expected_error_code(
+        meta["cu_seqlens"], num_seqs, meta["initial"], meta["final"],
+        [row[0] for row in meta["ck_offsets"]] if capacity == 1 else meta["ck_offsets"],
+        [row[0] for row in meta["ck_slots"]] if capacity == 1 else meta["ck_slots"],
+        FUZZ_SLOTS, FUZZ_TOKENS,
+    )
+    x = inputs(FUZZ_TOKENS)
+    caps = Caps(device="cpu", num_heads=HEADS, head_dim=DIM, max_tokens=FUZZ_TOKENS,
+                max_seqs=n, max_state_slots=FUZZ_SLOTS, max_checkpoints=capacity)
+    pool = random_pool(FUZZ_SLOTS)
+    pool_before = pool.clone()
+    binding = bind(plan(caps), x.q, x.k, x.v, x.g, x.beta, state_pool=pool, num_seqs=num_seqs,
+                   **metadata_tensors(meta, capacity))
+    binding.out.zero_()
+    result = run(binding)
+    code = int(result.error_code)
+    assert code == expected, (
+        f"device validator says {code} ({decode_error_code(code)}), "
+        f"host reference {expected} ({decode_error_code(expected)})")
+    if code:
+        assert torch.equal(pool, pool_before), "a rejected call changed the state pool"
+        assert bool(result.o.isnan().all())
+    else:
+        live = meta["final"][:num_seqs] + [s for row in meta["ck_slots"][:num_seqs] for s in row]
+        changed = {s for s in range(FUZZ_SLOTS) if not torch.equal(pool[s], pool_before[s])}
+        assert changed <= {s for s in live if s >= 0}, f"slots {changed} written, asked {live}"
+        assert not math.isnan(float(result.o[: meta["cu_seqlens"][num_seqs]].float().sum()))
