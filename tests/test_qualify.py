@@ -256,7 +256,7 @@ def test_an_interrupted_run_leaves_a_partial_receipt(tmp_path, tiny_matrix, monk
         return {"id": case.id, "index": case.index, "scenario": case.scenario,
                 "verdict": "pass"}
 
-    monkeypatch.setattr(qualify, "run_case", fake)
+    monkeypatch.setattr(qualify.run, "run_case", fake)
     run = Qualification(tiny_matrix, tier="cpu", out_dir=tmp_path)
     with pytest.raises(KeyboardInterrupt):
         run.run()

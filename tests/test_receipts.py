@@ -314,7 +314,7 @@ def test_failed_replace_keeps_the_old_receipt_and_no_temp_file(tmp_path, monkeyp
     def broken_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(receipts.os, "replace", broken_replace)
+    monkeypatch.setattr(receipts.write.os, "replace", broken_replace)
     builder.add_case({"id": "late", "verdict": "pass"})
     with pytest.raises(OSError, match="disk full"):
         builder.write(target)

@@ -8,7 +8,14 @@ from typing import Any
 import click
 
 from kdabench import __version__
-from kdabench.cli import kernels_cmd, merge_cmd, qualify_cmd, verify_cmd
+from kdabench.cli import (
+    compare_cmd,
+    kernels_cmd,
+    merge_cmd,
+    qualify_cmd,
+    report_cmd,
+    verify_cmd,
+)
 from kdabench.cli.errors import (
     EXIT_CODES_HELP,
     InternalError,
@@ -71,6 +78,8 @@ cli.add_command(kernels_cmd.kernels)
 cli.add_command(verify_cmd.verify)
 cli.add_command(merge_cmd.merge)
 cli.add_command(qualify_cmd.qualify)
+cli.add_command(report_cmd.report)
+cli.add_command(compare_cmd.compare)
 
 
 def main() -> None:

@@ -1,0 +1,79 @@
+"""Running a qualification matrix: one runner per scenario, the run loop, and the receipt.
+
+    from kdabench.matrix import load_matrix
+    from kdabench.qualify import Qualification
+
+    run = Qualification(load_matrix(), tier="cpu", out_dir="results")
+    result = run.run(on_case=print)          # writes results/qualify-<device>-<time>.json
+    result.ok, result.receipt_path, result.by_scenario
+
+Every case builds seeded inputs (kdabench.inputs) and metadata (slot indices, checkpoint
+offsets) from its id, runs the kernel and checks it: outputs, final states and every
+checkpoint against the float64 recurrence on the same device (relative Frobenius error,
+tolerances from the matrix, recorded beside the measured error), pool slots that nothing
+should write compared bit for bit, and for rejected metadata the exact error code (from the
+fault table and from kdabench.oracles.metadata), an untouched pool and an all-NaN output.
+
+A case's record: id, index, scenario, params, shape, errors, tolerances, checks, verdict
+(pass / fail / error), message, median_ms and samples_ms (GPU: CUDA events around the call;
+CPU tier: None and []), kernel_config and config_source (what plan() resolves for the call).
+
+The CPU tier runs the Triton kernels under the interpreter: `prepare_tier("cpu")` sets
+TRITON_INTERPRET=1, which works only before `kdabench.kernels` is first imported, so this
+package imports the kernels lazily.
+
+The modules: `metadata` (one call's metadata and how valid metadata is drawn), `faults`
+(mutations that break exactly one metadata rule), `harness` (what the runners share: the
+context, the outcome, one kernel call, the checks), `scenarios` (one runner per scenario)
+and `run` (tiers, the run loop, the receipt, summaries).
+"""
+
+from kdabench.qualify.faults import (
+    BAD_OFFSET,
+    DUPLICATE,
+    FAULT_BITS,
+    FAULTS,
+    FOURTH_BITS,
+    MALFORMED,
+    OUT_OF_RANGE,
+    RANDOM_MUTATIONS,
+)
+from kdabench.qualify.harness import SENTINEL, Context, Outcome, check_rejected, check_valid
+from kdabench.qualify.metadata import CHUNK, CannotBuild, Metadata, build_metadata, choose_offsets
+from kdabench.qualify.run import (
+    Qualification,
+    QualifyError,
+    QualifyResult,
+    default_out_dir,
+    default_tier,
+    fmt_error,
+    prepare_tier,
+    run_case,
+    summarize_by_scenario,
+)
+from kdabench.qualify.scenarios import (
+    INT32_LINE,
+    RUNNERS,
+    run_accuracy,
+    run_contract,
+    run_fault,
+    run_fuzz,
+    run_graph,
+    run_inactive,
+    run_int32_boundary,
+    run_invalid_fourth,
+    run_mirror,
+    run_poisoned,
+    run_prefix,
+)
+
+__all__ = [
+    "BAD_OFFSET", "CHUNK", "DUPLICATE", "FAULTS", "FAULT_BITS", "FOURTH_BITS", "INT32_LINE",
+    "MALFORMED", "OUT_OF_RANGE", "RANDOM_MUTATIONS", "RUNNERS", "SENTINEL",
+    "CannotBuild", "Context", "Metadata", "Outcome", "Qualification", "QualifyError",
+    "QualifyResult",
+    "build_metadata", "check_rejected", "check_valid", "choose_offsets", "default_out_dir",
+    "default_tier", "fmt_error", "prepare_tier", "run_accuracy", "run_case", "run_contract",
+    "run_fault", "run_fuzz", "run_graph", "run_inactive", "run_int32_boundary",
+    "run_invalid_fourth", "run_mirror", "run_poisoned", "run_prefix", "summarize_by_scenario",
+]

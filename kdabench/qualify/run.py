@@ -1,0 +1,241 @@
+"""Tiers, the run loop and the receipt: a Qualification runs the chosen cases of a matrix on
+a tier and writes their records to a receipt as they finish; per-scenario summaries."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kdabench.matrix import Case, Matrix, MatrixError, select_cases
+from kdabench.qualify.harness import Context
+from kdabench.qualify.scenarios import RUNNERS
+from kdabench.receipts import new_receipt
+
+
+class QualifyError(ValueError):
+    """A run that cannot start (no GPU for the GPU tier, unknown backend); one line."""
+
+
+# --------------------------------------------------------------------------- tiers
+
+
+def default_tier() -> str:
+    """'gpu' when torch sees a CUDA device, else 'cpu'."""
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def _kernels_interpreted() -> bool | None:
+    """Whether the imported kernels are interpreted; None when not imported yet."""
+    launch = sys.modules.get("kdabench.kernels.triton.launch")
+    return None if launch is None else bool(launch.interpreted())
+
+
+def prepare_tier(tier: str) -> torch.device:
+    """Set the process up for a tier and return its device (raises QualifyError)."""
+    interpreted = _kernels_interpreted()
+    if tier == "cpu":
+        if interpreted is False:
+            raise QualifyError(
+                "the kernels were already imported compiled for the GPU; run the CPU tier in a "
+                "fresh process"
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
+        return torch.device("cpu")
+    if tier != "gpu":
+        raise QualifyError(f"unknown tier {tier!r}; expected cpu or gpu")
+    if not torch.cuda.is_available():
+        raise QualifyError(
+            "--tier gpu needs a CUDA GPU and torch sees none here "
+            "(torch.cuda.is_available() is False); run --tier cpu instead"
+        )
+    if interpreted or (interpreted is None and os.environ.get("TRITON_INTERPRET") == "1"):
+        raise QualifyError("TRITON_INTERPRET=1 is set: unset it to run the GPU tier")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+# --------------------------------------------------------------------------- run loop
+
+
+def run_case(ctx: Context, case: Case) -> dict[str, Any]:
+    """Run one case and return its receipt record (never raises but for Ctrl-C)."""
+    started = time.perf_counter()
+    record = {**case.describe(), "tolerances": dict(case.options["tolerances"])}
+    try:
+        outcome = RUNNERS[case.scenario](ctx, case)
+    except KeyboardInterrupt:
+        raise
+    except Exception as error:  # noqa: BLE001 - a crash is a verdict, not the end of the run
+        record.update(verdict="error", message=f"{type(error).__name__}: {error}",
+                      errors={}, checks={}, median_ms=None, samples_ms=[])
+        if ctx.gpu and isinstance(error, torch.cuda.OutOfMemoryError):
+            torch.cuda.empty_cache()
+    else:
+        samples = outcome.samples_ms
+        record.update(
+            verdict="fail" if outcome.failures else "pass",
+            message="; ".join(outcome.failures[:8]) or None,
+            errors=outcome.errors, checks=outcome.checks, shape=outcome.shape,
+            median_ms=round(statistics.median(samples), 5) if samples else None,
+            samples_ms=samples, **outcome.kernel,
+        )
+        if outcome.details:
+            record["details"] = outcome.details
+    if case.scenario == "int32-boundary" and ctx.gpu:
+        torch.cuda.empty_cache()
+    record["wall_s"] = round(time.perf_counter() - started, 3)
+    return record
+
+
+@dataclass
+class QualifyResult:
+    """The outcome of a run: its cases, the receipt written, the verdict."""
+
+    receipt_path: Path
+    receipt: dict[str, Any]
+    cases: list[dict[str, Any]]
+
+    @property
+    def summary(self) -> dict[str, int]:
+        return self.receipt["summary"]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.cases) and all(case["verdict"] == "pass" for case in self.cases)
+
+    @property
+    def by_scenario(self) -> dict[str, dict[str, Any]]:
+        return summarize_by_scenario(self.cases)
+
+    def to_dict(self) -> dict[str, Any]:
+        config = self.receipt["config"]
+        return {
+            "ok": self.ok, "receipt": str(self.receipt_path), "sha256": self.receipt["sha256"],
+            "status": self.receipt["status"], "tier": config["tier"],
+            "backend": config["backend"], "device": self.receipt["device"].get("name"),
+            "summary": self.summary, "scenarios": self.by_scenario,
+            "failures": [{"id": c["id"], "verdict": c["verdict"], "message": c.get("message")}
+                         for c in self.cases if c["verdict"] != "pass"],
+        }
+
+
+def _worst(values: Iterable[Any]) -> float | None:
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return max(numbers) if numbers else None
+
+
+def summarize_by_scenario(cases: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per scenario: case counts by verdict, worst output and state errors, median time."""
+    table: dict[str, dict[str, Any]] = {}
+    for case in cases:
+        row = table.setdefault(case["scenario"], {"cases": 0, "pass": 0, "fail": 0, "error": 0,
+                                                  "skip": 0, "_out": [], "_state": [], "_ms": []})
+        row["cases"] += 1
+        row[case["verdict"]] += 1
+        errors = case.get("errors") or {}
+        row["_out"].append(errors.get("output"))
+        row["_state"] += [errors.get(k) for k in ("final_state", "checkpoint", "prefix_unaligned")]
+        row["_ms"].append(case.get("median_ms"))
+    for row in table.values():
+        row["worst_output_error"] = _worst(row.pop("_out"))
+        row["worst_state_error"] = _worst(row.pop("_state"))
+        times = [t for t in row.pop("_ms") if isinstance(t, (int, float))]
+        row["median_ms"] = statistics.median(times) if times else None
+    return table
+
+
+class Qualification:
+    """One run of a matrix on a tier: the cases chosen, the device, the receipt path.
+
+    Construction checks everything a user can get wrong (tier, backend, shard, filter) and
+    raises QualifyError or MatrixError; `run()` then runs the cases and writes the receipt
+    (kind "qualify") as they finish, partial if interrupted.
+    """
+
+    def __init__(
+        self, matrix: Matrix, *, tier: str | None = None, backend: str | None = None,
+        shard: tuple[int, int] | None = None, contains: str | None = None,
+        out_dir: str | os.PathLike | None = None, command_line: Sequence[str] | None = None,
+        created_at: str | None = None,
+    ) -> None:
+        self.matrix = matrix
+        self.tier = tier or default_tier()
+        self.backend = backend or matrix.backends[0]
+        if self.backend not in matrix.backends:
+            raise QualifyError(f"backend {self.backend!r} is not in the matrix's backends "
+                               f"({', '.join(matrix.backends)})")
+        self.cases = select_cases(matrix.expand(self.tier), shard=shard, contains=contains)
+        if not self.cases:
+            raise MatrixError(f"no {self.tier}-tier case of {matrix.origin} matches "
+                              f"{'the filter ' + repr(contains) if contains else 'this shard'}")
+        self.device = prepare_tier(self.tier)
+        from kdabench.kernels.config import BACKENDS
+
+        if self.backend not in BACKENDS:
+            raise QualifyError(f"backend {self.backend!r} is not available here "
+                               f"(have: {', '.join(BACKENDS)})")
+        self.shard = shard
+        config = {
+            "tier": self.tier, "backend": self.backend, "matrix_name": matrix.name,
+            "matrix_origin": "default" if matrix.origin == "default" else "file",
+            "matrix_sha256": matrix.sha256, "matrix": matrix.document,
+            "filter": contains or None,
+            "timing": dict(matrix.timing) if self.tier == "gpu" else None,
+        }
+        if shard is not None:
+            config["shard"] = f"{shard[0]}/{shard[1]}"
+        from kdabench.environment import device_identity
+
+        self.builder = new_receipt("qualify", config=config, command_line=command_line,
+                                   device=device_identity(str(self.device)), created_at=created_at)
+        self.path = _receipt_path(Path(out_dir) if out_dir else default_out_dir(),
+                                  self.builder.filename(), shard)
+        self.context = Context(self.device, self.tier, self.backend,
+                               matrix.timing if self.tier == "gpu" else None, matrix.seed)
+
+    def run(self, *, on_start: Callable[[Case], None] | None = None,
+            on_case: Callable[[dict[str, Any]], None] | None = None) -> QualifyResult:
+        records = []
+        with self.builder.writer(self.path, every=5 if self.tier == "gpu" else 1) as writer:
+            for case in self.cases:
+                if on_start:
+                    on_start(case)
+                record = run_case(self.context, case)
+                records.append(writer.add_case(record))
+                if on_case:
+                    on_case(record)
+        return QualifyResult(self.path, self.builder.document("complete"), records)
+
+
+def default_out_dir() -> Path:
+    from kdabench.qualification import default_results_dir
+
+    return default_results_dir()
+
+
+def _receipt_path(folder: Path, filename: str, shard: tuple[int, int] | None) -> Path:
+    stem = filename.removesuffix(".json")
+    if shard is not None:
+        stem += f"-shard{shard[0]}of{shard[1]}"
+    path, number = folder / f"{stem}.json", 1
+    while path.exists():
+        number += 1
+        path = folder / f"{stem}-{number}.json"
+    return path
+
+
+def fmt_error(value: Any) -> str:
+    """An error for a table: 3 significant digits, '-' when absent."""
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return f"{value:.2e}" if isinstance(value, (int, float)) else str(value)

@@ -1,0 +1,462 @@
+"""kdabench.report: Markdown and PNG reports of qualify, bench and serve-sweep receipts.
+
+Receipts are built through kdabench.receipts (never written by hand) with seeded, realistic
+samples; the committed qualification receipt in results/ is reported as well.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import struct
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from kdabench.receipts import (
+    atomic_write_bytes,
+    load_receipt,
+    new_receipt,
+    render_receipt,
+    seal,
+)
+from kdabench.report import (
+    ReportError,
+    bench_points,
+    bootstrap_ci,
+    build_report,
+    md_table,
+    receipt_paths,
+    serve_point,
+)
+from kdabench.sources import source_hashes
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+DEVICE = {
+    "kind": "cuda", "device": "cuda:0", "name": "NVIDIA H200", "compute_capability": "9.0",
+    "sm_count": 132, "total_memory_bytes": 150_000_000_000, "uuid": "GPU-0",
+    "driver_version": "580.159.04", "cuda_runtime_version": "13.0",
+}
+CREATED = "2026-12-03T09:00:00Z"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def samples_around(median_ms: float, count: int, spread: float, seed: int) -> list[float]:
+    """Timing-like samples: log-normal around a median, a few slow outliers."""
+    rng = random.Random(seed)
+    values = [median_ms * rng.lognormvariate(0.0, spread) for _ in range(count)]
+    values[0] *= 1.3  # the first timed call of a run is often slow
+    return [round(v, 5) for v in values]
+
+
+def builder(kind: str, config: dict | None = None):
+    return new_receipt(kind, config=config or {}, command_line=["kdabench", kind],
+                       device=DEVICE, sources=source_hashes(), created_at=CREATED)
+
+
+def qualify_receipt(folder: Path, *, timed: bool = True, name: str | None = None) -> Path:
+    """A qualify receipt like kdabench.qualify writes: contract, accuracy (one failing),
+    fault cases; untimed (CPU tier) when timed is False."""
+    receipt = builder("qualify", {"tier": "gpu" if timed else "cpu", "backend": "triton",
+                                  "matrix_name": "default", "timing": {"warmup": 3, "reps": 15}})
+    receipt.add_case({"id": "contract-plan-refuses-capacity-3", "index": 0,
+                      "scenario": "contract", "verdict": "pass", "errors": {}, "checks": {},
+                      "params": {"variant": "plan-refuses-capacity-3"}, "median_ms": None,
+                      "samples_ms": [], "tolerances": {"output": 5e-3, "state": 3e-3}})
+    index = 1
+    layouts = {"R8": [15, 16, 17, 64, 100, 333, 512, 1000], "L8192x1": [8192]}
+    for layout, lengths in layouts.items():
+        for heads in (4, 8, 32):
+            for capacity in (1, 4):
+                tokens = sum(lengths)
+                median = 0.05 + tokens * heads * (1.0 + 0.1 * capacity) * 2e-6
+                samples = samples_around(median, 15, 0.03, index) if timed else []
+                failing = layout == "R8" and heads == 32 and capacity == 4
+                output_error = 7.1e-3 if failing else 2.2e-3 - 1e-5 * index
+                receipt.add_case({
+                    "id": f"accuracy-C{capacity}-H{heads}-K128-{layout}-unaligned-precomputed-lb5",
+                    "index": index, "scenario": "accuracy",
+                    "verdict": "fail" if failing else "pass",
+                    "message": "output error 7.100e-03 exceeds tolerance 5.0e-03"
+                    if failing else None,
+                    "params": {"capacity": capacity, "heads": heads, "head_dim": 128,
+                               "layout": layout, "offsets": "unaligned", "seed": 0},
+                    "shape": {"tokens": tokens, "num_seqs": len(lengths), "lengths": lengths},
+                    "errors": {"output": output_error, "final_state": 1.2e-3,
+                               "checkpoint": 1.3e-3},
+                    "tolerances": {"output": 5e-3, "state": 3e-3},
+                    "samples_ms": samples,
+                    "median_ms": round(statistics.median(samples), 5) if samples else None,
+                })
+                index += 1
+    for variant in ("duplicate-final", "slot-negative"):
+        receipt.add_case({"id": f"fault-{variant}-C1-H8-K128-R8-unaligned-precomputed-lb5",
+                          "index": index, "scenario": "fault", "verdict": "pass",
+                          "params": {"capacity": 1, "heads": 8, "head_dim": 128,
+                                     "layout": "R8", "variant": variant},
+                          "shape": {"tokens": 2057}, "errors": {},
+                          "checks": {"pool_unchanged": True},
+                          "tolerances": {"output": 5e-3, "state": 3e-3},
+                          "samples_ms": samples_around(0.25, 15, 0.02, index) if timed else [],
+                          "median_ms": 0.25 if timed else None})
+        index += 1
+    return receipt.write(folder / (name or receipt.filename()))
+
+
+BENCH_SHAPES = [  # T, H, sequences, fla ms, kdabench ms, floor ms
+    (8192, 8, 1, 1.20, 0.38, 0.11), (8192, 32, 1, 3.10, 1.40, 0.42),
+    (16384, 16, 1, 4.60, 1.90, 0.80), (32768, 8, 1, 4.70, 1.45, 0.43),
+    (65536, 8, 1, 9.30, 2.80, 0.85),
+]
+
+
+def bench_receipt(folder: Path) -> Path:
+    """One case per kernel and shape, plus one case in the per-kernel-mapping layout."""
+    receipt = builder("bench", {"against": "fla", "dtype": "bf16"})
+    for seed, (tokens, heads, seqs, fla_ms, ours_ms, floor_ms) in enumerate(BENCH_SHAPES):
+        label = f"{tokens}x{heads}x{seqs}"
+        for kernel, median in (("kdabench", ours_ms), ("fla", fla_ms)):
+            samples = samples_around(median, 50, 0.02, 100 * seed + len(kernel))
+            receipt.add_case({"id": f"{kernel}-{label}", "verdict": "pass", "kernel": kernel,
+                              "shape": label, "T": tokens, "H": heads, "seqs": seqs,
+                              "samples_ms": samples, "median_ms": statistics.median(samples),
+                              "floor_ms": floor_ms})
+    receipt.add_case({"id": "shape-8192x8x4x2048", "verdict": "pass",
+                      "shape": {"label": "8192x8x(4x2048)", "T": 8192, "H": 8, "seqs": 4},
+                      "kernels": {"kdabench": {"median_ms": 0.41,
+                                               "samples_ms": samples_around(0.41, 50, 0.02, 7)},
+                                  "fla": {"median_ms": 1.25,
+                                          "samples_ms": samples_around(1.25, 50, 0.02, 8)}},
+                      "floor_ms": 0.11})
+    return receipt.write(folder / receipt.filename())
+
+
+ARMS = ("baseline", "export", "prefix-cache", "export+prefix-cache")
+PROMPTS = (8192, 16384, 32768)
+
+
+def serve_receipt(folder: Path) -> Path:
+    """Cases as kdabench.sweep writes them: server and probe records, cold-TTFT cells per arm
+    and prompt size (intervals recorded for some arms, absent for others), one decode window
+    per arm (with its own TTFT, which is not a cold-TTFT cell), and one arm whose activation
+    checks failed."""
+    receipt = builder("serve-sweep", {"arms": list(ARMS), "samples": 7})
+    for a, arm in enumerate(ARMS):
+        valid = arm != "prefix-cache"
+        receipt.add_case({"id": f"server/{arm}", "kind": "server", "arm": arm,
+                          "verdict": "pass" if valid else "fail",
+                          "message": "activated" if valid else "activation patterns failed"})
+        receipt.add_case({"id": f"probe/{arm}", "kind": "probe", "arm": arm, "verdict": "pass",
+                          "prompt_tokens": 1024, "message": "passed"})
+        speedup = 1.0 + 0.25 * a
+        for prompt in PROMPTS:
+            median = prompt / (9000.0 * speedup) * 1000.0
+            samples = samples_around(median, 7, 0.04, a * 10 + prompt)
+            case = {"id": f"cold/{arm}/{prompt}", "kind": "cold-ttft", "arm": arm,
+                    "verdict": "pass" if valid else "fail", "prompt_tokens_requested": prompt,
+                    "prompt_tokens": prompt + 3, "samples_ms": samples,
+                    "median_ms": statistics.median(samples), "valid": valid,
+                    "message": "7 cold samples"}
+            if a % 2 == 0:
+                case["ci95_ms"] = list(bootstrap_ci(samples, seed=1))
+            receipt.add_case(case)
+        tokens_per_s = 106.6 - 2.6 * a
+        receipt.add_case({"id": f"decode/{arm}", "kind": "decode", "arm": arm,
+                          "verdict": "pass", "prompt_tokens": 256, "ttft_ms": 31.0,
+                          "output_tokens": 213, "tokens_per_s": tokens_per_s,
+                          "acceptance_length": 2.6, "steps_per_s": tokens_per_s / 2.6,
+                          "valid": valid})
+    return receipt.write(folder / receipt.filename())
+
+
+def unknown_kind_receipt(folder: Path) -> Path:
+    """A sealed receipt of a kind this kdabench does not know (as a newer one might write)."""
+    receipt = builder("qualify")
+    receipt.add_case({"id": "soak-24h", "verdict": "pass", "message": "no error in 24 hours"})
+    document = receipt.document()
+    document["kind"] = "soak"
+    path = folder / "soak-nvidia-h200-20261203T090000.json"
+    atomic_write_bytes(path, render_receipt(seal(document)))
+    return path
+
+
+def tamper(path: Path) -> None:
+    raw = path.read_bytes()
+    assert b'"verdict": "fail"' in raw
+    path.write_bytes(raw.replace(b'"verdict": "fail"', b'"verdict": "pass"', 1))
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk; fails unless the file is a PNG."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+    assert head[12:16] == b"IHDR"
+    return struct.unpack(">II", head[16:24])
+
+
+def assert_real_image(path: Path) -> None:
+    width, height = png_size(path)
+    assert width >= 600 and height >= 400, (width, height)
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[:2] == (height, width)
+    assert pixels.std() > 0.05, f"{path} is (nearly) one flat colour"
+    assert path.stat().st_size > 20_000
+
+
+def case_ids(path: Path) -> list[str]:
+    return [case["id"] for case in load_receipt(path)["cases"]]
+
+
+# --------------------------------------------------------------------------- committed receipts
+
+
+def test_the_committed_receipts_are_reported_with_every_case_and_a_plot(tmp_path: Path):
+    committed = sorted(RESULTS.glob("*.json"))
+    assert committed, "results/ holds no receipt"
+    result = build_report([RESULTS], tmp_path / "report")
+
+    text = result.markdown_path.read_text(encoding="utf-8")
+    assert result.markdown_path == tmp_path / "report" / "report.md"
+    for receipt in committed:
+        for case_id in case_ids(receipt):
+            assert f"`{case_id}`" in text, case_id
+    assert len(result.plots) >= 1
+    for plot in result.plots:
+        assert plot.parent == tmp_path / "report"
+        assert_real_image(plot)
+        assert f"]({plot.name})" in text  # linked beside the report
+    assert "NOT VERIFIED" not in text
+    assert "#### Summary by scenario" in text and "#### Summary by axis" in text
+
+
+def test_the_committed_qualify_receipt_summary_counts_its_172_cases(tmp_path: Path):
+    result = build_report([RESULTS / "qualify-nvidia-h200-20261202T170143.json"], tmp_path)
+    text = result.markdown_path.read_text(encoding="utf-8")
+    assert "| accuracy | 79 | 79 | 0 | 0 | 0 |" in text
+    assert "| fault | 36 | 36 | 0 | 0 | 0 |" in text
+    assert "172 cases: 172 pass, 0 fail, 0 error, 0 skip" in text
+
+
+# --------------------------------------------------------------------------- qualify
+
+
+def test_a_qualify_report_marks_the_failing_case_and_its_error_against_the_tolerance(
+    tmp_path: Path,
+):
+    path = qualify_receipt(tmp_path)
+    result = build_report([path], tmp_path / "out", title="H200 nightly")
+    text = result.markdown_path.read_text(encoding="utf-8")
+
+    assert text.startswith("# H200 nightly\n")
+    for case_id in case_ids(path):
+        assert f"`{case_id}`" in text
+    failing = "`accuracy-C4-H32-K128-R8-unaligned-precomputed-lb5`"
+    row = next(line for line in text.splitlines() if failing in line)
+    assert "**FAIL**" in row and "7.10e-03 (142%)" in row and "exceeds tolerance" in row
+    # by scenario: 12 accuracy cases, one failing, worst output error 142% of tolerance
+    assert "| accuracy | 12 | 11 | 1 | 0 | 0 | 7.10e-03 (142%) | 1.30e-03 (43%) |" in text
+    assert "| contract | 1 | 1 | 0 | 0 | 0 | - | - | - |" in text
+    # by axis: the axes that vary (heads, capacity, layout), not seed or variant
+    assert "| heads | 32 |" in text and "| capacity | 4 |" in text
+    assert "| layout | R8 |" in text and "| seed |" not in text and "| variant |" not in text
+    (plot,) = result.plots
+    assert plot.name.endswith("-kernel-time.png")
+    assert_real_image(plot)
+
+
+def test_an_untimed_cpu_tier_receipt_gets_no_plot_and_says_why(tmp_path: Path):
+    path = qualify_receipt(tmp_path, timed=False)
+    result = build_report([path], tmp_path / "out")
+    assert result.plots == []
+    text = result.markdown_path.read_text(encoding="utf-8")
+    assert "the CPU tier does not time" in text
+    assert all(f"`{case_id}`" in text for case_id in case_ids(path))
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def test_bench_points_read_one_kernel_per_case_and_per_kernel_mappings():
+    (point,) = bench_points({"id": "a", "verdict": "pass", "T": 8192, "H": 8, "seqs": 1,
+                             "median_ms": 0.4, "floor_ms": 0.1})
+    assert (point.kernel, point.tokens, point.heads, point.median_ms, point.floor_ms) == \
+        ("kdabench", 8192, 8, 0.4, 0.1)
+    assert point.shape == "8,192x8x1"
+    mapped = bench_points({"id": "b", "verdict": "pass", "shape": "16384x16x1",
+                           "tokens": 16384, "heads": 16, "median_ms": {"kdabench": 1.9,
+                                                                        "fla": 4.6}})
+    assert {(p.kernel, p.median_ms, p.shape) for p in mapped} == \
+        {("kdabench", 1.9, "16384x16x1"), ("fla", 4.6, "16384x16x1")}
+    from_samples = bench_points({"id": "c", "verdict": "pass", "kernel": "fla",
+                                 "kernels": {"fla": {"samples_ms": [1.0, 3.0, 2.0]}}})
+    assert from_samples[0].median_ms == 2.0 and from_samples[0].tokens is None
+
+
+def test_a_bench_report_tables_each_shape_with_the_ratio_and_the_floor(tmp_path: Path):
+    path = bench_receipt(tmp_path)
+    result = build_report([path], tmp_path / "out")
+    text = result.markdown_path.read_text(encoding="utf-8")
+
+    for case_id in case_ids(path):
+        assert f"`{case_id}`" in text
+    assert "| shape | T | H | kdabench (ms) | fla (ms) | fla / kdabench | floor (ms) |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 8192x8x1 |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    ratio = float(cells[5].removesuffix("x"))
+    assert 2.8 < ratio < 3.5  # fla 1.20 ms against kdabench 0.38 ms, from noisy samples
+    assert cells[6] == "0.110"
+    assert any(line.startswith("| 8192x8x(4x2048) |") and "3.05x" in line
+               for line in text.splitlines())
+    (plot,) = result.plots
+    assert plot.name.endswith("-bench-time.png")
+    assert_real_image(plot)
+
+
+# --------------------------------------------------------------------------- serve-sweep
+
+
+def test_bootstrap_ci_is_seeded_and_brackets_the_median():
+    samples = samples_around(900.0, 9, 0.05, 3)
+    low, high = bootstrap_ci(samples)
+    assert (low, high) == bootstrap_ci(samples)
+    assert low <= statistics.median(samples) <= high
+    assert high - low < 0.3 * statistics.median(samples)
+
+
+def test_serve_point_reads_nested_and_flat_fields():
+    nested = serve_point({"id": "x", "verdict": "pass", "arm": "A", "prompt_tokens": 8192,
+                          "ttft_ms": {"samples": [900.0, 1000.0, 1100.0],
+                                      "ci": {"low": 880.0, "high": 1120.0}}})
+    assert nested.median_ms == 1000.0 and nested.ci_ms == (880.0, 1120.0)
+    assert not nested.ci_computed
+    assert nested.rate_tok_s == pytest.approx(8192.0)
+    flat = serve_point({"id": "y", "verdict": "pass", "arm": "B", "prompt_size": 4096,
+                        "samples_ms": [400.0, 420.0, 410.0, 415.0]})
+    assert flat.median_ms == pytest.approx(412.5) and flat.ci_computed
+    assert flat.ci_ms[0] <= 412.5 <= flat.ci_ms[1]
+    assert not flat.has_decode
+    decode = serve_point({"id": "decode/A", "kind": "decode", "verdict": "pass", "arm": "A",
+                          "ttft_ms": 31.0, "tokens_per_s": 52.0, "acceptance_length": 2.0})
+    assert not decode.has_ttft and decode.steps_per_s == 26.0
+
+
+def test_a_serve_sweep_report_has_ttft_with_intervals_a_plot_and_decode_rates(tmp_path: Path):
+    path = serve_receipt(tmp_path)
+    result = build_report([path], tmp_path / "out")
+    text = result.markdown_path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+
+    for case_id in case_ids(path):
+        assert f"`{case_id}`" in text
+    assert "| arm | prompt tokens | samples | median TTFT (ms) | 95% CI (ms) |" in text
+    ttft_rows = [line for line in lines if " – " in line]  # the rows with an interval
+    assert len(ttft_rows) == len(ARMS) * len(PROMPTS)  # decode windows are not TTFT cells
+    export = [line for line in ttft_rows if line.startswith("| export |")]
+    assert len(export) == len(PROMPTS)
+    assert all("(bootstrap here)" in row for row in export)  # arm 1 recorded no interval
+    assert not any("(bootstrap here)" in row for row in ttft_rows
+                   if row.startswith("| baseline |"))
+    assert all("**NOT VALID**" in row for row in ttft_rows if row.startswith("| prefix-cache |"))
+    # the prompt rate is the recorded one: actual prompt tokens over the median
+    baseline_8k = next(row for row in ttft_rows if row.startswith("| baseline | 8,192 |"))
+    assert "| yes |" in baseline_8k
+    assert "#### Decode rates" in text
+    assert "| baseline | 256 | 106.60 | 2.60 | 41.00 | yes |" in text
+    (plot,) = result.plots
+    assert plot.name.endswith("-ttft.png")
+    assert_real_image(plot)
+
+
+# --------------------------------------------------------------------------- several receipts
+
+
+def test_one_report_covers_every_kind_and_lists_unknown_ones(tmp_path: Path):
+    folder = tmp_path / "receipts"
+    paths = [qualify_receipt(folder), bench_receipt(folder), serve_receipt(folder),
+             unknown_kind_receipt(folder)]
+    result = build_report([folder], tmp_path / "out")
+    text = result.markdown_path.read_text(encoding="utf-8")
+
+    for path in paths:
+        for case_id in case_ids(path):
+            assert f"`{case_id}`" in text, case_id
+    assert result.unknown_kinds == ["soak"]
+    assert "Kind `soak` is not one this report knows" in text
+    assert len(result.plots) == 3 and len({p.name for p in result.plots}) == 3
+    assert result.paths[0] == result.markdown_path
+    assert {r["kind"] for r in result.to_dict()["receipts"]} == \
+        {"qualify", "bench", "serve-sweep", "soak"}
+
+
+def test_receipts_with_one_file_name_in_two_folders_get_distinct_plots(tmp_path: Path):
+    first = qualify_receipt(tmp_path / "main", name="qualify.json")
+    second = qualify_receipt(tmp_path / "head", name="qualify.json")
+    result = build_report([first, second], tmp_path / "out")
+    assert [p.name for p in result.plots] == ["qualify-kernel-time.png",
+                                              "qualify-2-kernel-time.png"]
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def test_a_receipt_that_fails_verification_is_rendered_and_marked(tmp_path: Path):
+    path = qualify_receipt(tmp_path)
+    tamper(path)
+    result = build_report([path], tmp_path / "out")
+    text = result.markdown_path.read_text(encoding="utf-8")
+    assert [r.path for r in result.unverified] == [path]
+    assert "**Warning: 1 receipt(s) fail verification**" in text
+    assert "> **NOT VERIFIED.**" in text and "sha256 mismatch" in text
+    assert all(f"`{case_id}`" in text for case_id in case_ids(path))
+
+
+def test_require_verified_refuses_a_tampered_receipt_and_writes_nothing(tmp_path: Path):
+    good, bad = qualify_receipt(tmp_path / "a"), qualify_receipt(tmp_path / "b")
+    tamper(bad)
+    with pytest.raises(ReportError, match="refusing 1 receipt"):
+        build_report([good, bad], tmp_path / "out", require_verified=True)
+    assert not (tmp_path / "out").exists()
+    build_report([good], tmp_path / "out", require_verified=True)
+    assert (tmp_path / "out" / "report.md").is_file()
+
+
+def test_sources_that_differ_from_the_tree_in_hand_are_noted(tmp_path: Path):
+    path = qualify_receipt(tmp_path)
+    current = dict(source_hashes())
+    changed = min(current)
+    current[changed] = "0" * 64
+    result = build_report([path], tmp_path / "out", current_sources=current)
+    text = result.markdown_path.read_text(encoding="utf-8")
+    assert "- sources: differ from the tree in hand" in text and changed in text
+    assert result.unverified == []  # other sources are a note, not a failed verification
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_inputs_that_are_not_readable_receipts_raise_report_error(tmp_path: Path):
+    with pytest.raises(ReportError, match="no such file or folder"):
+        build_report([tmp_path / "absent.json"], tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ReportError, match="no \\*.json receipt"):
+        receipt_paths([tmp_path / "empty"])
+    not_json = tmp_path / "notes.json"
+    not_json.write_text("this is not JSON\n", encoding="utf-8")
+    with pytest.raises(ReportError, match="not valid JSON"):
+        build_report([not_json], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_named_twice_is_reported_once(tmp_path: Path):
+    path = qualify_receipt(tmp_path)
+    assert receipt_paths([path, tmp_path, path]) == [path]
+
+
+def test_md_table_escapes_pipes_and_folds_newlines():
+    table = md_table(["a", "b"], [["x|y", "one\ntwo"], [None, ""]])
+    assert table.splitlines() == ["| a | b |", "| --- | --- |", "| x\\|y | one two |",
+                                  "| - | - |"]
