@@ -14,6 +14,8 @@ from kdabench.cli import (
     merge_cmd,
     qualify_cmd,
     report_cmd,
+    serve_local_cmd,
+    serve_sweep_cmd,
     verify_cmd,
 )
 from kdabench.cli.errors import (
@@ -78,6 +80,8 @@ cli.add_command(kernels_cmd.kernels)
 cli.add_command(verify_cmd.verify)
 cli.add_command(merge_cmd.merge)
 cli.add_command(qualify_cmd.qualify)
+cli.add_command(serve_sweep_cmd.serve_sweep)
+cli.add_command(serve_local_cmd.serve_local)
 cli.add_command(report_cmd.report)
 cli.add_command(compare_cmd.compare)
 

@@ -1,0 +1,244 @@
+"""`kdabench serve-sweep`: cold TTFT and decode of a server across flag arms, with a receipt."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich import box
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError, print_error
+from kdabench.receipts import ReceiptError
+from kdabench.sweep.arms import PACKAGED, ArmsError, load_arms
+from kdabench.sweep.runner import Sweep, SweepError, SweepOptions, SweepResult
+from kdabench.sweep.stats import median
+
+
+def _sizes(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        sizes = tuple(int(part.strip().lower().replace("k", "")) * (1024 if "k" in part.lower()
+                                                                       else 1)
+                      for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UserError(f"--prompt-tokens {text!r}: give comma-separated token counts, "
+                        "e.g. 8192,16384,32768") from None
+    if not sizes:
+        raise UserError("--prompt-tokens needs at least one size")
+    return sizes
+
+
+@click.command("serve-sweep", epilog=EXIT_CODES_HELP)
+@click.option("--arms", "arms_spec", default="local", show_default=True, metavar="FILE|NAME",
+              help=f"Arms file (TOML) or a packaged one: {', '.join(sorted(PACKAGED))}.")
+@click.option("--endpoint", metavar="URL", default=None,
+              help="Attach to a running OpenAI-compatible server (the same for every arm "
+              "unless an arm names its own endpoint).")
+@click.option("--launch", "launch_cmd", metavar="CMD", default=None,
+              help="Start the server per arm: CMD plus the arm's args, with the arm's env; "
+              "'{port}' in CMD is a free port (else '--port PORT' is appended).")
+@click.option("--prompt-tokens", "prompt_tokens", metavar="N,N,...", default=None,
+              help="Prompt sizes in tokens (default: the arms file's, else 8192,16384,32768).")
+@click.option("--samples", type=int, default=None,
+              help="Cold samples per arm and prompt size (default: the arms file's, else 3).")
+@click.option("--rounds", type=int, default=None,
+              help="Interleaved rounds the samples are spread over (default: one per sample).")
+@click.option("--warmups", type=int, default=None,
+              help="Warmups per arm and prompt size, never counted (default 1).")
+@click.option("--decode-window", "decode_window_s", type=float, default=None, metavar="S",
+              help="Seconds of decode measured per arm (default: the arms file's, else 2).")
+@click.option("--shared-prefix-tokens", type=int, default=None, metavar="N",
+              help="Length of the shared-prefix pair; the second shares the first half.")
+@click.option("--drift-bound", type=float, default=None,
+              help="Max |logprob(cold) - logprob(cached)| the probes allow (default 0.05).")
+@click.option("--seed", type=int, default=None, help="Seed of prompt filler and bootstrap.")
+@click.option("--health-timeout", "health_timeout_s", type=float, default=None, metavar="S",
+              help="Seconds to wait for a server's /health (default 120).")
+@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, metavar="NAME",
+              help="Environment variable holding the API key; sent, never written.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
+              default=None, help="Folder for the receipt and server logs (default: the "
+              "repository's results/, or $KDABENCH_RESULTS).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+def serve_sweep(arms_spec: str, endpoint: str | None, launch_cmd: str | None,
+                prompt_tokens: str | None, samples: int | None, rounds: int | None,
+                warmups: int | None, decode_window_s: float | None,
+                shared_prefix_tokens: int | None, drift_bound: float | None, seed: int | None,
+                health_timeout_s: float | None, api_key_env: str, out_dir: Path | None,
+                as_json: bool) -> None:
+    """Measure cold TTFT, prefill rate and decode of a server across flag arms.
+
+    Every arm's server runs at once (the embedded reference server by default, one per
+    arm; or --launch CMD per arm; or --endpoint URL). Per arm: warmups (not counted),
+    exact-answer and cache probes, activation patterns over the server log before
+    timing and after; then cold samples in interleaved rounds (A B C, then C B A, ...),
+    every prompt unique from its first tokens, with zero cached tokens checked from the
+    usage and /metrics (a cached sample is discarded and reported). TTFT runs from
+    sending the request to the first chunk carrying generated text. Medians come with
+    seeded bootstrap 95% intervals; rate = prompt tokens / median TTFT. A shared-prefix
+    pair shows what checkpoint export buys; decode is tokens/s over a fixed window,
+    normalised by the speculative acceptance length. The receipt (kind "serve-sweep")
+    keeps every raw sample; API keys are never written.
+
+    Exit 0 when every probe and check passes; 1 when one fails or a server dies (the
+    receipt is then partial); 2 for bad input (an arms file that does not load, options
+    that do not fit).
+    """
+    if endpoint and launch_cmd:
+        raise UserError("give --endpoint URL or --launch CMD, not both")
+    try:
+        arms = load_arms(arms_spec)
+        options = SweepOptions.resolve(arms.sweep, {
+            "prompt_tokens": _sizes(prompt_tokens), "samples": samples, "rounds": rounds,
+            "warmups": warmups, "decode_window_s": decode_window_s,
+            "shared_prefix_tokens": shared_prefix_tokens, "drift_bound": drift_bound,
+            "seed": seed, "health_timeout_s": health_timeout_s,
+        })
+        mode = "launch" if launch_cmd else "attach" if endpoint else "embedded"
+        if mode == "embedded" and any(arm.endpoint for arm in arms.arms):
+            mode = "attach"
+        if out_dir is None:
+            from kdabench.qualification import default_results_dir
+
+            out_dir = default_results_dir()
+        sweep = Sweep(arms, options, mode=mode, launch=launch_cmd, endpoint=endpoint,
+                      out_dir=out_dir, api_key=os.environ.get(api_key_env) or None,
+                      api_key_env=api_key_env, command_line=list(sys.argv))
+    except (ArmsError, SweepError, ReceiptError, TypeError) as error:
+        raise UserError(str(error)) from error
+
+    result = _run_live(sweep, quiet=as_json)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+        console = Console(highlight=False, soft_wrap=True)
+        if not console.is_terminal:  # a pipe or a file: do not cut the tables at 80 columns
+            console = Console(highlight=False, soft_wrap=True, width=120)
+        _render(console, sweep, result)
+    if not result.ok:
+        bad = [c["id"] for c in result.cases if c["verdict"] != "pass"]
+        what = (f"a server failed ({result.failures[0]['arm']}: "
+                f"{result.failures[0]['phase']})" if result.failures
+                else f"{len(bad)} case(s) did not pass: {', '.join(bad[:4])}")
+        raise Finding(f"{what}; receipt ({result.receipt['status']}): {result.receipt_path}")
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _live_table(sweep: Sweep) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for column, justify in (("arm", "left"), ("prompt", "right"), ("n", "right"),
+                            ("discarded", "right"), ("median TTFT ms", "right"),
+                            ("rate tok/s", "right"), ("", "left")):
+        table.add_column(column, justify=justify, no_wrap=True)
+    for row in sweep.live_rows():
+        table.add_row(escape(row["arm"]), str(row["prompt_tokens"]), str(row["n"]),
+                      str(row["discarded"]) if row["discarded"] else "",
+                      _fmt(row["median_ms"]), _fmt(row["rate_tok_s"], ",.0f"),
+                      Text(row["status"], style="red") if row["status"] else "")
+    return table
+
+
+def _run_live(sweep: Sweep, *, quiet: bool) -> SweepResult:
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console.print(f"serve-sweep · {len(sweep.arms.arms)} arms ({escape(sweep.arms.name)}) · "
+                  f"{sweep.mode} · prompts {', '.join(map(str, sweep.options.prompt_tokens))} · "
+                  f"receipt {escape(str(sweep.path))}")
+    status = Text("starting")
+
+    def render() -> Group:
+        return Group(_live_table(sweep), status)
+
+    try:
+        with Live(render(), console=console, refresh_per_second=4, transient=quiet,
+                  redirect_stdout=False, redirect_stderr=False) as live:
+            def on_event(message: str) -> None:
+                status.plain = message
+                if "FAILED" in message or "discarded" in message:
+                    live.console.print(Text(message, style="red"))
+                live.update(render())
+
+            sweep.on_event = on_event
+            sweep.on_update = lambda: live.update(render())
+            result = sweep.run()
+            status.plain = "done"
+            live.update(render())
+    except KeyboardInterrupt:
+        print_error(f"interrupted: the partial receipt is {sweep.path}", style="bold yellow")
+        raise click.exceptions.Exit(130) from None
+    except OSError as error:
+        raise UserError(f"cannot write the receipt {sweep.path}: "
+                        f"{error.strerror or error}") from error
+    return result
+
+
+def _render(console: Console, sweep: Sweep, result: SweepResult) -> None:
+    cases = result.cases
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for case in cases:
+        by_kind.setdefault(case["kind"], []).append(case)
+    table = Table(title="cold TTFT (median, bootstrap 95% CI)", box=box.SIMPLE_HEAD)
+    for column in ("arm", "prompt", "n", "median ms", "95% CI ms", "rate tok/s", "verdict"):
+        table.add_column(column, justify="left" if column == "arm" else "right", no_wrap=True)
+    for case in by_kind.get("cold-ttft", []):
+        ci = case["ci95_ms"]
+        table.add_row(escape(case["arm"]), str(case["prompt_tokens_requested"]),
+                      str(case["n"]), _fmt(case["median_ms"]),
+                      "-" if ci is None else f"{ci[0]:.1f}-{ci[1]:.1f}",
+                      _fmt(case["rate_tok_s"], ",.0f"), _verdict(case))
+    console.print(table)
+    extra = Table(title="probes, shared prefix, decode", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True)
+    for column in ("arm", "activation", "probes", "drift", "P2 ms", "P2 cached", "tok/s",
+                   "accept", "steps/s"):
+        extra.add_column(column, justify="left" if column in ("arm", "activation") else "right",
+                         no_wrap=True)
+    extra.caption = ("P2: the prompt sharing the first half of an earlier one (median TTFT, "
+                     "cached tokens); decode tok/s, acceptance length, steps/s")
+    for state in sweep.states:
+        name = state.arm.name
+        probe = next((c for c in by_kind.get("probe", []) if c["arm"] == name), None)
+        shared = next((c for c in by_kind.get("shared-prefix", []) if c["arm"] == name), None)
+        decode = next((c for c in by_kind.get("decode", []) if c["arm"] == name), None)
+        extra.add_row(
+            escape(name), state.activation_status,
+            _verdict(probe) if probe else "-",
+            _fmt(probe["drift"], ".2g") if probe and probe["drift"] is not None else "-",
+            _fmt(shared["p2_median_ms"]) if shared else "-",
+            _fmt(median([c for c in shared["p2_cached_tokens"] if c is not None]), ".0f")
+            if shared else "-",
+            _fmt(decode["tokens_per_s"]) if decode else "-",
+            _fmt(decode["acceptance_length"], ".2f") if decode else "-",
+            _fmt(decode["steps_per_s"]) if decode else "-",
+        )
+    console.print(extra)
+    for failure in result.failures:
+        console.print(f"[red]server failure[/red] {escape(failure['arm'])} during "
+                      f"{escape(failure['phase'])}: {escape(failure['message'])}")
+    for case in cases:
+        if case["verdict"] != "pass" and case["kind"] != "failure":
+            console.print(f"[red]{case['verdict']}[/red] {escape(case['id'])}: "
+                          f"{escape(str(case.get('message')))}")
+    summary = result.receipt["summary"]
+    console.print(f"receipt {escape(str(result.receipt_path))} ({result.receipt['status']}) · "
+                  f"sha256 {result.receipt['sha256'][:16]}… · {summary['total']} cases: "
+                  f"{summary['pass']} pass, {summary['fail']} fail, {summary['error']} error")
+    if result.ok:
+        console.print("[green]all probes and checks pass[/green]")
+
+
+def _verdict(case: dict[str, Any]) -> str:
+    colour = "green" if case["verdict"] == "pass" else "red"
+    return f"[{colour}]{case['verdict']}[/{colour}]"

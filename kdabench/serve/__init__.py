@@ -1,0 +1,30 @@
+"""The embedded reference server (`kdabench serve-local`): a small seeded KDA model over HTTP.
+
+    from kdabench.serve import start_local_server
+
+    with start_local_server(port=0, env={"KDABENCH_LOCAL_CHECKPOINT_EXPORT": "0"}) as server:
+        httpx.get(f"{server.url}/health")
+
+`model` holds the weights, `engine` prefill (kernel / chunk path / mirror) and decode,
+`prefix_cache` the cache and its KDABENCH_LOCAL_* settings, `server` the HTTP endpoints.
+"""
+
+from .engine import Engine, PromptPrefill, plan_prefill_calls
+from .model import MODEL_ID, KdaModel, ModelConfig
+from .prefix_cache import CacheSettings, PrefixCache, SettingsError
+from .server import SERVER_NAME, LocalServer, start_local_server
+
+__all__ = [
+    "MODEL_ID",
+    "SERVER_NAME",
+    "CacheSettings",
+    "Engine",
+    "KdaModel",
+    "LocalServer",
+    "ModelConfig",
+    "PrefixCache",
+    "PromptPrefill",
+    "SettingsError",
+    "plan_prefill_calls",
+    "start_local_server",
+]

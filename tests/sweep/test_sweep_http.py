@@ -1,0 +1,330 @@
+"""`kdabench serve-sweep` over real loopback HTTP against a small fake OpenAI server
+(sweep_fake_server.py): launched per arm as a subprocess, or attached to in a thread."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import sweep_fake_server as fake
+from click.testing import CliRunner
+
+from kdabench.cli.main import cli
+from kdabench.receipts import verify_file
+from kdabench.sweep.client import ServerClient, parse_prometheus
+from kdabench.sweep.prompts import PromptFactory
+
+FAKE_SCRIPT = Path(fake.__file__).resolve()
+LAUNCH = f"{sys.executable} {FAKE_SCRIPT}"
+SECRET = "sk-test-never-written-0123456789"
+
+SWEEP = """
+schema = "kdabench.arms.v1"
+name = "fake"
+[sweep]
+prompt_tokens = [64, 128]
+samples = 2
+warmups = 1
+probe_tokens = 8
+decode_window_s = 0.2
+decode_prompt_tokens = 32
+shared_prefix_tokens = 64
+health_timeout_s = 20.0
+"""
+
+TWO_ARMS = SWEEP + """
+[[arms]]
+name = "cache-on"
+env = { FAKE_PREFIX_CACHE = "1", FAKE_SPEC = "1" }
+args = ["--tag", "cache-arm"]
+activation = ['prefix_cache=on', 'tag=cache-arm']
+activation_after = ['cached_tokens=[1-9]']
+
+[[arms]]
+name = "cache-off"
+env = { FAKE_PREFIX_CACHE = "0" }
+prefix_cache = false
+activation = ['prefix_cache=off']
+"""
+
+
+def one_arm(env: str = "", extra: str = "", prefix_cache: bool = True, **sweep: object) -> str:
+    overrides = "".join(f"{key} = {value}\n" for key, value in sweep.items())
+    text = SWEEP + overrides if not sweep else SWEEP.replace("[sweep]\n", "[sweep]\n" + overrides)
+    if sweep:  # later keys would repeat: keep the first occurrence of each
+        seen, lines = set(), []
+        for line in text.splitlines():
+            key = line.split("=")[0].strip()
+            if "=" in line and key in seen:
+                continue
+            seen.add(key)
+            lines.append(line)
+        text = "\n".join(lines) + "\n"
+    return text + f"""
+[[arms]]
+name = "only"
+env = {{ {env} }}
+prefix_cache = {str(prefix_cache).lower()}
+{extra}
+"""
+
+
+def sweep(tmp_path: Path, arms_text: str, *args: str):
+    arms = tmp_path / "arms.toml"
+    arms.write_text(arms_text)
+    out = tmp_path / "out"
+    result = CliRunner(env={"OPENAI_API_KEY": SECRET}).invoke(
+        cli, ["serve-sweep", "--arms", str(arms), "--out", str(out), *args],
+        prog_name="kdabench")
+    receipts = sorted(out.glob("serve-sweep-*.json"))
+    assert len(receipts) == 1, result.output
+    text = receipts[0].read_text()
+    assert SECRET not in text
+    return result, json.loads(text), receipts[0]
+
+
+def cases_by_id(receipt: dict) -> dict[str, dict]:
+    return {case["id"]: case for case in receipt["cases"]}
+
+
+@pytest.fixture
+def attached():
+    servers = []
+
+    def start(**flags: str):
+        server, url, log = fake.start(flags)
+        servers.append(server)
+        return url, log
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def port_closed(url: str) -> bool:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex((host, int(port))) != 0
+
+
+# ---------------------------------------------------------------------------- launch
+
+
+def test_launch_two_arms_interleaved(tmp_path: Path) -> None:
+    result, receipt, path = sweep(tmp_path, TWO_ARMS, "--launch", LAUNCH)
+    assert result.exit_code == 0, result.output
+    assert receipt["status"] == "complete" and receipt["kind"] == "serve-sweep"
+    assert verify_file(path).ok
+    cases = cases_by_id(receipt)
+    assert set(cases) == {
+        "server/cache-on", "probe/cache-on", "cold/cache-on/64", "cold/cache-on/128",
+        "shared-prefix/cache-on", "decode/cache-on",
+        "server/cache-off", "probe/cache-off", "cold/cache-off/64", "cold/cache-off/128",
+        "shared-prefix/cache-off", "decode/cache-off"}
+    assert all(case["verdict"] == "pass" for case in receipt["cases"]), result.output
+
+    # what was served, and the launched processes are gone
+    servers = receipt["config"]["servers"]
+    assert servers["cache-on"]["version"] == {"version": "fake-1.0"}
+    assert servers["cache-on"]["models"]["revision"] == "abc123"
+    assert servers["cache-on"]["server"]["argv"][-2:] != ["--tag", "cache-arm"]  # port after
+    for arm in ("cache-on", "cache-off"):
+        assert port_closed(servers[arm]["server"]["url"])
+        assert Path(servers[arm]["server"]["log"]).read_text().startswith("fake: listening")
+    assert receipt["config"]["api_key"] == {"env": "OPENAI_API_KEY", "sent": True}
+
+    # interleaved rounds: A B, then B A; warmups recorded, never counted
+    cold = cases["cold/cache-on/64"]
+    assert [s["round"] for s in cold["samples"]] == [0, 1]
+    assert [s["position"] for s in cold["samples"]] == [0, 1]
+    assert [s["position"] for s in cases["cold/cache-off/64"]["samples"]] == [1, 0]
+    at = {arm: [s["at"] for s in cases[f"cold/{arm}/64"]["samples"]]
+          for arm in ("cache-on", "cache-off")}
+    assert at["cache-on"][0] < at["cache-off"][0] and at["cache-off"][1] < at["cache-on"][1]
+    assert len(cold["warmups_ms"]) == 1 and cold["n"] == 2 and len(cold["samples_ms"]) == 2
+    assert cold["median_ms"] == pytest.approx(sum(cold["samples_ms"]) / 2)
+    assert cold["ci95_ms"][0] <= cold["median_ms"] <= cold["ci95_ms"][1]
+    assert cold["prompt_tokens"] == 64
+    assert cold["rate_tok_s"] == pytest.approx(64 / (cold["median_ms"] / 1000))
+    assert all(s["cached_tokens"] == 0 and s["metrics_hits_delta"] == 0 for s in cold["samples"])
+
+    # probes, activation, shared prefix, decode
+    probe = cases["probe/cache-on"]
+    assert probe["checks"]["cache_reused"] and probe["repeat_cached_tokens"] == 64 and probe["checks"]["extension_same_answer"]
+    assert probe["drift"] == 0.0 and probe["extension_answer_tokens"] == 4
+    assert cases["server/cache-on"]["activation"] == "passed"
+    assert cases["shared-prefix/cache-on"]["p2_cached_tokens"] == [32]
+    assert cases["shared-prefix/cache-off"]["p2_cached_tokens"] == [0]
+    assert cases["decode/cache-on"]["acceptance_length"] == pytest.approx(5 / 3)
+    assert cases["decode/cache-off"]["acceptance_length"] == 1.0
+    decode = cases["decode/cache-on"]
+    assert decode["steps_per_s"] == pytest.approx(decode["tokens_per_s"] / (5 / 3))
+
+
+def test_server_dies_mid_sweep(tmp_path: Path) -> None:
+    # requests: 1-2 warmups (64, 128), 3-5 probes, 6-7 round one, 8 dies (round two, 64)
+    text = one_arm('FAKE_DIE_AT = "8"')
+    result, receipt, _ = sweep(tmp_path, text, "--launch", LAUNCH)
+    assert result.exit_code == 1, result.output
+    assert receipt["status"] == "partial"
+    cases = cases_by_id(receipt)
+    failure = cases["failure/only"]
+    assert failure["verdict"] == "error" and "round 2" in failure["phase"]
+    assert "exited with code 3" in failure["message"]
+    assert cases["cold/only/64"]["n"] == 1 and cases["cold/only/128"]["n"] == 1
+    assert cases["cold/only/64"]["verdict"] == "error"
+    assert "probe/only" in cases and "decode/only" not in cases
+    assert "a server failed" in result.stderr
+
+
+# ---------------------------------------------------------------------------- attach
+
+
+def test_attach_mode_activation_not_checked(tmp_path: Path, attached) -> None:
+    url, _ = attached()
+    text = one_arm(extra="activation = ['never printed']")
+    result, receipt, _ = sweep(tmp_path, text, "--endpoint", url, "--prompt-tokens", "64")
+    assert result.exit_code == 0, result.output
+    cases = cases_by_id(receipt)
+    assert cases["server/only"]["activation"] == "not checked"
+    assert cases["cold/only/64"]["valid"] is True and cases["cold/only/64"]["n"] == 2
+    assert receipt["config"]["mode"] == "attach"
+    assert receipt["config"]["api_key"]["sent"] is True
+
+
+def test_cached_samples_are_discarded_and_reported(tmp_path: Path, attached) -> None:
+    # one size: 1 warmup, 3 probes, samples are requests 5, 6, 7
+    url, _ = attached(FAKE_LIE_AT="5", FAKE_METRICS_LIE_AT="7")
+    text = one_arm(samples=3)
+    result, receipt, _ = sweep(tmp_path, text, "--endpoint", url, "--prompt-tokens", "64")
+    assert result.exit_code == 1, result.output
+    cold = cases_by_id(receipt)["cold/only/64"]
+    assert cold["verdict"] == "fail" and cold["n"] == 1 and len(cold["samples_ms"]) == 1
+    reasons = [r for d in cold["discarded"] for r in d["cached_reasons"]]
+    assert any("usage reports 16 cached tokens" in r for r in reasons)
+    assert any("/metrics prefix-cache hits rose by 16" in r for r in reasons)
+    assert "discarded" in result.stderr
+
+
+def test_failing_activation_marks_numbers_invalid(tmp_path: Path, attached) -> None:
+    url, lines = attached()
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")  # the start line: prefix_cache=on, no export
+    extra = f"activation = ['checkpoint_export=on']\nlog = '{log}'"
+    result, receipt, _ = sweep(tmp_path, one_arm(extra=extra), "--endpoint", url,
+                               "--prompt-tokens", "64")
+    assert result.exit_code == 1, result.output
+    cases = cases_by_id(receipt)
+    server = cases["server/only"]
+    assert server["verdict"] == "fail" and server["activation"] == "failed"
+    assert server["activation_before"]["missing"] == ["checkpoint_export=on"]
+    cold = cases["cold/only/64"]
+    assert cold["valid"] is False and cold["verdict"] == "fail" and cold["n"] == 2
+    assert "not activated" in cold["message"]
+    assert cases["shared-prefix/only"]["valid"] is False
+    assert cases["decode/only"]["verdict"] == "fail"
+
+
+def test_logprob_drift_over_the_bound_fails_the_probe(tmp_path: Path, attached) -> None:
+    url, _ = attached(FAKE_DRIFT="0.2")
+    result, receipt, _ = sweep(tmp_path, one_arm(), "--endpoint", url, "--prompt-tokens", "64")
+    assert result.exit_code == 1
+    probe = cases_by_id(receipt)["probe/only"]
+    assert probe["verdict"] == "fail" and probe["drift"] == pytest.approx(0.2)
+    assert probe["checks"]["drift_within_bound"] is False
+    assert probe["checks"]["repeat_same_answer"] is True
+
+
+def test_unreachable_endpoint_is_a_partial_receipt(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    text = one_arm(health_timeout_s=0.5)
+    result, receipt, _ = sweep(tmp_path, text, "--endpoint", f"http://127.0.0.1:{port}")
+    assert result.exit_code == 1
+    assert receipt["status"] == "partial"
+    assert cases_by_id(receipt)["failure/only"]["phase"] == "server start"
+
+
+# ---------------------------------------------------------------------------- client
+
+
+def test_ttft_waits_for_generated_text_not_the_role_chunk(attached) -> None:
+    url, _ = attached(FAKE_ROLE_DELAY_S="0.3", FAKE_US_PER_TOKEN="0")
+    with ServerClient(url) as client:
+        client.resolve_model()
+        completion = client.complete("x" * 32, max_tokens=2)
+    assert completion.ttft_s >= 0.3
+    assert completion.text and completion.prompt_tokens == 32 and completion.cached_tokens == 0
+
+
+def test_prompts_have_exact_token_counts_and_unique_starts(attached) -> None:
+    url, _ = attached()
+    with ServerClient(url) as client:
+        factory = PromptFactory(client.tokenize, seed=1)
+        first, second = factory.unique(100), factory.unique(100)
+    assert first.tokens == second.tokens == 100 and len(first.text) == 100
+    assert first.text[:16] != second.text[:16]
+    words = PromptFactory(lambda text: len(text.split()), seed=1)  # a word tokenizer
+    assert words.unique(50).tokens == 50
+    head = words.unique(10)
+    extended = words.extend(head.text, 30)
+    assert extended.text.startswith(head.text) and extended.tokens == 30
+
+
+def test_parse_prometheus_sums_label_sets() -> None:
+    text = ('# HELP x\nvllm:prefix_cache_hits_total{model_name="a"} 3.0\n'
+            'vllm:prefix_cache_hits_total{model_name="b",engine="1"} 4\nplain 2 1700000000\n')
+    assert parse_prometheus(text) == {"vllm:prefix_cache_hits_total": 7.0, "plain": 2.0}
+
+
+def test_fake_server_speaks_sse(attached) -> None:
+    url, _ = attached()
+    body = {"model": "fake-model", "prompt": "abc", "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+
+
+# ---------------------------------------------------------------------------- embedded
+
+EMBEDDED = """
+schema = "kdabench.arms.v1"
+name = "embedded-small"
+[sweep]
+prompt_tokens = [256]
+samples = 1
+warmups = 0
+probe_tokens = 4
+decode_window_s = 0.2
+decode_prompt_tokens = 32
+shared_prefix_tokens = 2048
+[common]
+env = { KDABENCH_LOCAL_PREFIX_CACHE = "1", KDABENCH_LOCAL_BLOCK_TOKENS = "256" }
+[[arms]]
+name = "final-only"
+env = { KDABENCH_LOCAL_CHECKPOINT_EXPORT = "0" }
+activation = ['checkpoint_export=off']
+[[arms]]
+name = "checkpoints"
+env = { KDABENCH_LOCAL_CHECKPOINT_EXPORT = "1" }
+activation = ['checkpoint_export=on']
+activation_after = ['checkpoints_exported=[1-9]']
+"""
+
+
+def test_embedded_server_shared_prefix_reuses_checkpoints(tmp_path: Path) -> None:
+    pytest.importorskip("kdabench.serve")
+    result, receipt, _ = sweep(tmp_path, EMBEDDED)
+    assert result.exit_code == 0, result.output
+    assert receipt["config"]["mode"] == "embedded"
+    cases = cases_by_id(receipt)
+    assert cases["server/checkpoints"]["activation"] == "passed"
+    assert cases["shared-prefix/checkpoints"]["p2_cached_tokens"] == [1024]
+    assert cases["shared-prefix/final-only"]["p2_cached_tokens"] == [0]
