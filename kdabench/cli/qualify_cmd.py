@@ -41,8 +41,18 @@ FAILURES_SHOWN = 20
               help="Print the expanded cases (index and id) and run nothing.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result summary (or, with --list, the cases) as JSON on stdout.")
+@click.option("--gpus", metavar="all|0,1,...", default=None,
+              help="GPU tier on several GPUs: one worker process per GPU, each running its "
+              "shard of the matrix; the shard receipts are merged into one.")
+@click.option("--workers", type=int, metavar="N", default=None,
+              help="CPU tier in N worker processes (Triton interpreter), merged as --gpus.")
+@click.option("--tp", "tensor_parallel", type=int, metavar="N", default=None,
+              help="Run only the tensor-parallel case: one layer's heads split over N ranks "
+              "(GPU tier: NCCL, one GPU each; CPU tier: gloo), checked bit for bit against "
+              "one process and against float64; writes its own receipt.")
 def qualify(tier: str | None, backend: str | None, matrix_path: Path | None, shard: str | None,
-            out_dir: Path | None, contains: str | None, list_only: bool, as_json: bool) -> None:
+            out_dir: Path | None, contains: str | None, list_only: bool, as_json: bool,
+            gpus: str | None, workers: int | None, tensor_parallel: int | None) -> None:
     """Run the qualification matrix and write a receipt (kind "qualify").
 
     Each case runs the kernel and checks it: outputs, final states and every checkpoint
@@ -51,9 +61,19 @@ def qualify(tier: str | None, backend: str | None, matrix_path: Path | None, sha
     replay and slots past the 2^31-element line (GPU). The receipt is written as cases
     finish, so an interrupted run leaves a partial one; `kdabench verify` checks it.
 
-    Exit 0 when every case passes; 1 when a case fails or errors; 2 for bad input (a
-    matrix file that does not load, a bad --shard, --tier gpu without a GPU).
+    --gpus / --workers run the shards in worker processes (a GPU each, NVLink multicast
+    off) and merge them; a worker that dies fails the run with its log tail. --tp N runs
+    the tensor-parallel case alone.
+
+    Exit 0 when every case passes; 1 when a case fails or errors, or a worker dies; 2 for
+    bad input (a matrix file that does not load, a bad --shard, --tier gpu without a GPU,
+    --gpus naming more GPUs than the machine has).
     """
+    if tensor_parallel is not None or gpus is not None or workers is not None:
+        result = _run_multi(tier, backend, matrix_path, shard, out_dir, contains, list_only,
+                            gpus, workers, tensor_parallel)
+        _finish(result, as_json)
+        return
     with user_errors(MatrixError, QualifyError):
         matrix = load_matrix(matrix_path)
         shard_spec = parse_shard(shard) if shard is not None else None
@@ -67,7 +87,10 @@ def qualify(tier: str | None, backend: str | None, matrix_path: Path | None, sha
         except (ReceiptError, ValueError) as error:
             raise UserError(str(error)) from error
 
-    result = _run_with_progress(run)
+    _finish(_run_with_progress(run), as_json)
+
+
+def _finish(result: QualifyResult, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
@@ -76,6 +99,112 @@ def qualify(tier: str | None, backend: str | None, matrix_path: Path | None, sha
         failed = len([c for c in result.cases if c["verdict"] != "pass"])
         raise Finding(f"{failed} of {len(result.cases)} cases did not pass; "
                       f"receipt: {result.receipt_path}")
+
+
+def _run_multi(tier: str | None, backend: str | None, matrix_path: Path | None,
+               shard: str | None, out_dir: Path | None, contains: str | None, list_only: bool,
+               gpus: str | None, workers: int | None, tensor_parallel: int | None
+               ) -> QualifyResult:
+    """--gpus, --workers and --tp: checks of the options, then the run."""
+    given = [name for name, value in (("--gpus", gpus), ("--workers", workers),
+                                      ("--tp", tensor_parallel)) if value is not None]
+    if len(given) > 1:
+        raise UserError(f"{' and '.join(given)} do not combine; give one of them")
+    if shard is not None or list_only:
+        raise UserError(f"{given[0]} runs the shards itself; leave out "
+                        f"{'--shard' if shard is not None else '--list'}")
+    if tensor_parallel is not None:
+        return _run_tensor_parallel(tensor_parallel, tier, backend, matrix_path, contains,
+                                    out_dir)
+    from kdabench.qualify.parallel import ParallelQualification
+
+    with user_errors(MatrixError, QualifyError):
+        matrix = load_matrix(matrix_path)
+        run = ParallelQualification(
+            matrix, tier=tier or ("gpu" if gpus is not None else "cpu"), backend=backend,
+            contains=contains, out_dir=out_dir, matrix_path=matrix_path, gpus=gpus,
+            workers=workers)
+    return _run_workers_with_progress(run)
+
+
+def _run_tensor_parallel(world_size: int, tier: str | None, backend: str | None,
+                         matrix_path: Path | None, contains: str | None,
+                         out_dir: Path | None) -> QualifyResult:
+    from kdabench.tensor_parallel import qualify_tensor_parallel
+
+    if matrix_path is not None or contains is not None or backend not in (None, "triton"):
+        raise UserError("--tp runs one fixed case on the triton backend; leave out "
+                        "--matrix, --filter and --backend")
+    tier = tier or default_tier()
+    if world_size < 1:
+        raise UserError(f"--tp must be at least 1, got {world_size}")
+    if tier == "gpu":
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count < world_size:
+            raise UserError(f"--tp {world_size} on the GPU tier needs {world_size} GPUs and "
+                            f"this machine has {count}; use --tier cpu for gloo ranks")
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console.print(f"qualify · tensor-parallel · {world_size} ranks · {tier} tier · "
+                  f"{'nccl' if tier == 'gpu' else 'gloo'}")
+    try:
+        return qualify_tensor_parallel(world_size, tier=tier, out_dir=out_dir)
+    except ValueError as error:
+        raise UserError(str(error)) from error
+
+
+def _run_workers_with_progress(run) -> QualifyResult:
+    from kdabench.qualify.parallel import WorkerFailed
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    unit = "GPUs" if run.tier == "gpu" else "worker processes"
+    console.print(f"qualify · {run.tier} tier · {run.backend} · {len(run.cases)} cases · "
+                  f"{run.count} {unit} · receipt in {escape(str(run.out_dir))}")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[status]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        tasks: dict[str, Any] = {}
+        reported: set[str] = set()
+
+        def on_start(workers) -> None:
+            for worker in workers:
+                tasks[worker.label] = progress.add_task(escape(worker.label),
+                                                        total=worker.cases, status="")
+
+        def on_poll(workers) -> None:
+            for worker in workers:
+                for case_id in worker.failed_ids:
+                    if case_id not in reported:
+                        reported.add(case_id)
+                        progress.console.print(f"[red]NOT PASS[/red] {escape(worker.label)}: "
+                                               f"{escape(case_id)}")
+                status = ("running" if worker.returncode is None
+                          else f"exit {worker.returncode}")
+                if worker.failed:
+                    status += f" · [red]{worker.failed} not pass[/red]"
+                progress.update(tasks[worker.label], completed=worker.done, status=status)
+
+        try:
+            result = run.run(on_start=on_start, on_poll=on_poll)
+        except KeyboardInterrupt:
+            progress.stop()
+            print_error("interrupted: the workers were stopped; no merged receipt",
+                        style="bold yellow")
+            raise click.exceptions.Exit(130) from None
+        except WorkerFailed as error:
+            progress.stop()
+            for label, code, tail in error.failures:
+                console.print(f"[red]worker {escape(label)} failed (exit {code})[/red]; "
+                              "its log ends:")
+                console.print(tail, markup=False)
+            raise Finding(str(error)) from None
+        except ReceiptError as error:
+            raise Finding(f"the shard receipts do not merge: {error}") from None
+        except OSError as error:
+            raise UserError(f"cannot write the merged receipt into {run.out_dir}: "
+                            f"{error.strerror or error}") from error
+    return result
 
 
 def _list(cases: list, as_json: bool) -> None:

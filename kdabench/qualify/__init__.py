@@ -24,8 +24,9 @@ package imports the kernels lazily.
 
 The modules: `metadata` (one call's metadata and how valid metadata is drawn), `faults`
 (mutations that break exactly one metadata rule), `harness` (what the runners share: the
-context, the outcome, one kernel call, the checks), `scenarios` (one runner per scenario)
-and `run` (tiers, the run loop, the receipt, summaries).
+context, the outcome, one kernel call, the checks), `scenarios` (one runner per scenario),
+`run` (tiers, the run loop, the receipt, summaries) and `parallel` (shards in worker
+processes, one per GPU or N on the CPU, merged into one receipt).
 """
 
 from kdabench.qualify.faults import (
@@ -40,6 +41,13 @@ from kdabench.qualify.faults import (
 )
 from kdabench.qualify.harness import SENTINEL, Context, Outcome, check_rejected, check_valid
 from kdabench.qualify.metadata import CHUNK, CannotBuild, Metadata, build_metadata, choose_offsets
+from kdabench.qualify.parallel import (
+    MULTICAST_OFF,
+    ParallelQualification,
+    WorkerFailed,
+    parse_gpus,
+    visible_gpus,
+)
 from kdabench.qualify.run import (
     Qualification,
     QualifyError,
@@ -69,11 +77,12 @@ from kdabench.qualify.scenarios import (
 
 __all__ = [
     "BAD_OFFSET", "CHUNK", "DUPLICATE", "FAULTS", "FAULT_BITS", "FOURTH_BITS", "INT32_LINE",
-    "MALFORMED", "OUT_OF_RANGE", "RANDOM_MUTATIONS", "RUNNERS", "SENTINEL",
-    "CannotBuild", "Context", "Metadata", "Outcome", "Qualification", "QualifyError",
-    "QualifyResult",
+    "MALFORMED", "MULTICAST_OFF", "OUT_OF_RANGE", "RANDOM_MUTATIONS", "RUNNERS", "SENTINEL",
+    "CannotBuild", "Context", "Metadata", "Outcome", "ParallelQualification", "Qualification",
+    "QualifyError", "QualifyResult", "WorkerFailed",
     "build_metadata", "check_rejected", "check_valid", "choose_offsets", "default_out_dir",
     "default_tier", "fmt_error", "prepare_tier", "run_accuracy", "run_case", "run_contract",
     "run_fault", "run_fuzz", "run_graph", "run_inactive", "run_int32_boundary",
     "run_invalid_fourth", "run_mirror", "run_poisoned", "run_prefix", "summarize_by_scenario",
+    "parse_gpus", "visible_gpus",
 ]
