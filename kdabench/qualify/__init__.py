@@ -81,8 +81,8 @@ __all__ = [
     "CannotBuild", "Context", "Metadata", "Outcome", "ParallelQualification", "Qualification",
     "QualifyError", "QualifyResult", "WorkerFailed",
     "build_metadata", "check_rejected", "check_valid", "choose_offsets", "default_out_dir",
-    "default_tier", "fmt_error", "prepare_tier", "run_accuracy", "run_case", "run_contract",
-    "run_fault", "run_fuzz", "run_graph", "run_inactive", "run_int32_boundary",
+    "default_tier", "fmt_error", "parse_gpus", "prepare_tier", "run_accuracy", "run_case",
+    "run_contract", "run_fault", "run_fuzz", "run_graph", "run_inactive", "run_int32_boundary",
     "run_invalid_fourth", "run_mirror", "run_poisoned", "run_prefix", "summarize_by_scenario",
-    "parse_gpus", "visible_gpus",
+    "visible_gpus",
 ]

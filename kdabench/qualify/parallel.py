@@ -1,0 +1,331 @@
+"""Qualification across worker processes: one per GPU, or N interpreter processes on the CPU.
+
+    from kdabench.qualify.parallel import ParallelQualification
+
+    run = ParallelQualification(matrix, tier="gpu", gpus="all", out_dir="results")
+    result = run.run(on_poll=print)     # a QualifyResult over the merged receipt
+    result.ok, result.receipt_path
+
+Each worker is a fresh `python -m kdabench.cli.main qualify --shard I/N --out <folder>`
+process running shard I of N of the selected cases; a GPU worker sees only its GPU
+(CUDA_VISIBLE_DEVICES), every worker runs with NVLink multicast off
+(:data:`MULTICAST_OFF`). A CPU worker (`workers=N`, CPU tier) sees no GPU and runs the
+kernels under the Triton interpreter, which is how this path is tested without GPUs.
+
+The workers' receipts are joined with :func:`kdabench.receipts.merge_receipts` (whose
+``config["merged_from"]`` lists each shard's receipt hash and device) and the merged
+config gains ``config["workers"]``: per shard its label, the CUDA_VISIBLE_DEVICES it ran
+with, the device name and uuid, exit status and wall time. The merged receipt is written
+to the results folder as ``qualify-<device>-<time>.json``; the shard receipts and worker
+logs live in a temporary folder, removed when the run succeeds and kept (its path in
+the error) when a worker fails.
+
+A worker that exits with a finding (status 1: a failed case) still leaves a complete
+receipt and is merged; a worker that dies, or leaves no complete receipt, fails the run
+with :class:`WorkerFailed`, which carries each failed worker's log tail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdabench.matrix import Case, Matrix, MatrixError, select_cases
+from kdabench.qualify.run import QualifyError, QualifyResult, _receipt_path, default_out_dir
+from kdabench.receipts import (
+    atomic_write_bytes,
+    load_receipt,
+    merge_receipts,
+    receipt_filename,
+    render_receipt,
+    seal,
+)
+
+#: Set in every worker's environment: NVLink multicast (NVLS) off for NCCL, symmetric
+#: memory and NVSHMEM, as the lent multi-GPU machines require.
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+LOG_TAIL_LINES = 40
+
+
+class WorkerFailed(RuntimeError):
+    """One or more workers died or left no complete receipt; `failures` holds
+    (label, exit status, log tail) per failed worker and `folder` the kept work folder."""
+
+    def __init__(self, failures: list[tuple[str, int | None, str]], folder: Path) -> None:
+        self.failures = failures
+        self.folder = folder
+        names = ", ".join(f"{label} (exit {code})" for label, code, _ in failures)
+        super().__init__(f"{len(failures)} worker(s) failed: {names}; logs and shard "
+                         f"receipts kept in {folder}")
+
+
+# --------------------------------------------------------------------------- choosing GPUs
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA_VISIBLE_DEVICES value that selects each GPU this process sees, in order."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if inherited is None or not inherited.strip():
+        return [str(index) for index in range(count)]
+    return [entry.strip() for entry in inherited.split(",")][:count]
+
+
+def parse_gpus(spec: str, visible: Sequence[str]) -> list[str]:
+    """GPUs for `--gpus`: "all" or a comma list of indices among `visible` -> their
+    CUDA_VISIBLE_DEVICES values. Raises QualifyError (bad input) otherwise."""
+    if not visible:
+        raise QualifyError("--gpus needs CUDA GPUs and torch sees none here; "
+                           "use --workers N for CPU worker processes")
+    if spec.strip() == "all":
+        return list(visible)
+    try:
+        indices = [int(part) for part in spec.split(",")]
+    except ValueError:
+        raise QualifyError(f"--gpus {spec!r}: expected 'all' or GPU indices such as 0,1") \
+            from None
+    if len(set(indices)) != len(indices):
+        raise QualifyError(f"--gpus {spec!r} names a GPU twice")
+    missing = [index for index in indices if not 0 <= index < len(visible)]
+    if missing:
+        raise QualifyError(
+            f"--gpus {spec!r} asks for GPU {', '.join(map(str, missing))} but this machine "
+            f"has {len(visible)} GPU(s) (0..{len(visible) - 1}); use --gpus all")
+    return [visible[index] for index in indices]
+
+
+# --------------------------------------------------------------------------- workers
+
+
+@dataclass
+class Worker:
+    """One worker process: its shard, its GPU (None: a CPU worker), its folder and log."""
+
+    shard: tuple[int, int]
+    gpu: str | None
+    folder: Path
+    cases: int
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+    wall_s: float | None = None
+    returncode: int | None = None
+    done: int = 0
+    failed: int = 0
+    failed_ids: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        where = f"gpu {self.gpu}" if self.gpu is not None else f"worker {self.shard[0]}"
+        return f"{where} · shard {self.shard[0]}/{self.shard[1]}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / "worker.log"
+
+    @property
+    def receipt_path(self) -> Path | None:
+        found = sorted(self.folder.glob("qualify-*.json"))
+        return found[0] if found else None
+
+    def poll(self) -> bool:
+        """Refresh progress from the partial receipt; True while the process runs."""
+        if self.process is not None and self.returncode is None:
+            code = self.process.poll()
+            if code is not None:
+                self.returncode = code
+                self.wall_s = round(time.monotonic() - self.started, 3)
+        self._read_progress()
+        return self.process is not None and self.returncode is None
+
+    def _read_progress(self) -> None:
+        path = self.receipt_path
+        if path is None:
+            return
+        try:
+            cases = json.loads(path.read_text()).get("cases", [])
+        except (OSError, ValueError):
+            return  # between writes; the next poll reads it
+        self.done = len(cases)
+        self.failed_ids = [c["id"] for c in cases if c.get("verdict") != "pass"]
+        self.failed = len(self.failed_ids)
+
+    def complete(self) -> bool:
+        """Exited 0 or 1 (a finding) and left a complete receipt."""
+        if self.returncode not in (0, 1) or self.receipt_path is None:
+            return False
+        try:
+            return load_receipt(self.receipt_path).get("status") == "complete"
+        except Exception:  # noqa: BLE001 - an unreadable receipt is a failed worker
+            return False
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def worker_environment(gpu: str | None, workers: int) -> dict[str, str]:
+    """The environment of one worker: its GPU alone (or none), multicast off, and on the CPU
+    an even share of the cores and the Triton interpreter."""
+    env = {**os.environ, **MULTICAST_OFF, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+        env.pop("TRITON_INTERPRET", None)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["TRITON_INTERPRET"] = "1"
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class ParallelQualification:
+    """A qualification split over worker processes, merged into one receipt.
+
+    `gpus` ("all" or "0,1", GPU tier) or `workers` (a count, CPU tier) says how many
+    workers; construction checks what a user can get wrong and raises QualifyError or
+    MatrixError. The worker count is capped at the number of selected cases.
+    """
+
+    def __init__(
+        self, matrix: Matrix, *, tier: str, backend: str | None = None,
+        contains: str | None = None, out_dir: str | os.PathLike | None = None,
+        matrix_path: str | os.PathLike | None = None, gpus: str | None = None,
+        workers: int | None = None, command_line: Sequence[str] | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        if (gpus is None) == (workers is None):
+            raise QualifyError("give either --gpus (GPU tier) or --workers (CPU tier)")
+        if gpus is not None and tier != "gpu":
+            raise QualifyError("--gpus runs the GPU tier; leave out --tier cpu or use --workers")
+        if workers is not None and tier != "cpu":
+            raise QualifyError("--workers runs the CPU tier only; use --gpus for the GPU tier")
+        if workers is not None and workers < 1:
+            raise QualifyError(f"--workers must be at least 1, got {workers}")
+        backend = backend or matrix.backends[0]
+        if backend not in matrix.backends:
+            raise QualifyError(f"backend {backend!r} is not in the matrix's backends "
+                               f"({', '.join(matrix.backends)})")
+        self.matrix, self.tier, self.backend, self.contains = matrix, tier, backend, contains
+        self.matrix_path = None if matrix_path is None else Path(matrix_path).resolve()
+        self.out_dir = Path(out_dir) if out_dir else default_out_dir()
+        self.command_line = list(sys.argv) if command_line is None else list(command_line)
+        self.python = python
+        self.cases: list[Case] = select_cases(matrix.expand(tier), contains=contains)
+        if not self.cases:
+            raise MatrixError(f"no {tier}-tier case of {matrix.origin} matches "
+                              f"{'the filter ' + repr(contains) if contains else 'this run'}")
+        devices: list[str | None] = (parse_gpus(gpus, visible_gpus()) if gpus is not None
+                                     else [None] * workers)
+        count = min(len(devices), len(self.cases))
+        self.gpus = devices[:count]
+        self.count = count
+
+    def worker_command(self, shard: tuple[int, int], folder: Path) -> list[str]:
+        """The command line of the worker that runs `shard` and writes into `folder`."""
+        command = [self.python, "-m", "kdabench.cli.main", "qualify", "--tier", self.tier,
+                   "--backend", self.backend, "--shard", f"{shard[0]}/{shard[1]}",
+                   "--out", str(folder)]
+        if self.matrix_path is not None:
+            command += ["--matrix", str(self.matrix_path)]
+        if self.contains is not None:
+            command += ["--filter", self.contains]
+        return command
+
+    def _workers(self, root: Path) -> list[Worker]:
+        workers = []
+        for number, gpu in enumerate(self.gpus, start=1):
+            shard = (number, self.count)
+            cases = len(select_cases(self.cases, shard=shard))
+            workers.append(Worker(shard, gpu, root / f"shard{number}of{self.count}", cases))
+        return workers
+
+    def run(self, *, on_start: Callable[[list[Worker]], None] | None = None,
+            on_poll: Callable[[list[Worker]], None] | None = None,
+            poll_s: float = 0.5) -> QualifyResult:
+        """Start the workers, wait for them (calling `on_poll` with their progress), merge
+        their receipts and write the merged one. Raises WorkerFailed when a worker fails;
+        Ctrl-C stops the workers and propagates."""
+        root = Path(tempfile.mkdtemp(prefix="kdabench-qualify-workers-"))
+        workers = self._workers(root)
+        if on_start:
+            on_start(workers)
+        try:
+            for worker in workers:
+                worker.folder.mkdir(parents=True)
+                with worker.log_path.open("wb") as log:
+                    worker.started = time.monotonic()
+                    worker.process = subprocess.Popen(
+                        self.worker_command(worker.shard, worker.folder), stdout=log,
+                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        env=worker_environment(worker.gpu, self.count))
+            while True:
+                running = [worker.poll() for worker in workers]
+                if on_poll:
+                    on_poll(workers)
+                if not any(running):
+                    break
+                time.sleep(poll_s)
+        except BaseException:
+            _stop(workers)
+            raise
+        failed = [w for w in workers if not w.complete()]
+        if failed:
+            raise WorkerFailed([(w.label, w.returncode, w.log_tail()) for w in failed], root)
+        result = self._merge(workers)
+        shutil.rmtree(root, ignore_errors=True)
+        return result
+
+    def _merge(self, workers: list[Worker]) -> QualifyResult:
+        docs = [load_receipt(worker.receipt_path) for worker in workers]
+        merged = merge_receipts(docs, labels=[w.label for w in workers],
+                                command_line=self.command_line)
+        merged["config"]["workers"] = [
+            {"label": w.label, "shard": f"{w.shard[0]}/{w.shard[1]}",
+             "cuda_visible_devices": w.gpu, "device_name": doc["device"].get("name"),
+             "device_uuid": doc["device"].get("uuid"), "cases": len(doc["cases"]),
+             "returncode": w.returncode, "wall_s": w.wall_s}
+            for w, doc in zip(workers, docs, strict=True)
+        ]
+        merged["config"]["parallel"] = {"mode": "gpus" if self.tier == "gpu" else "workers",
+                                        "count": self.count, "multicast_off": MULTICAST_OFF}
+        merged = seal(merged)
+        filename = receipt_filename("qualify", merged["device"], merged["created_at"])
+        path = _receipt_path(self.out_dir, filename, None)
+        atomic_write_bytes(path, render_receipt(merged))
+        return QualifyResult(path, merged, merged["cases"])
+
+
+def _stop(workers: list[Worker]) -> None:
+    """Terminate the workers this run started (each by its own handle), then wait."""
+    for worker in workers:
+        if worker.process is not None and worker.process.poll() is None:
+            worker.process.terminate()
+    for worker in workers:
+        if worker.process is not None:
+            try:
+                worker.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait()
+
