@@ -9,6 +9,7 @@ import click
 
 from kdabench import __version__
 from kdabench.cli import (
+    bench_cmd,
     compare_cmd,
     kernels_cmd,
     merge_cmd,
@@ -84,6 +85,7 @@ cli.add_command(serve_sweep_cmd.serve_sweep)
 cli.add_command(serve_local_cmd.serve_local)
 cli.add_command(report_cmd.report)
 cli.add_command(compare_cmd.compare)
+cli.add_command(bench_cmd.bench)
 
 
 def main() -> None:

@@ -1,0 +1,39 @@
+"""`kdabench bench`: kdabench's prefill against fla's chunk_kda, per shape and mode, with the
+floor measured in the same run, written as a bench receipt and plots.
+
+Modules: `shapes` (the shapes file), `work` (bytes, FLOPs, floor), `timing` (the injectable
+timer, graph capture), `backend` (what a device provides), `cuda` (the real one), `run` (the
+runner, summary and receipt), `plots` (PNGs beside the receipt).
+"""
+
+from kdabench.bench.backend import (
+    FLA,
+    KDABENCH,
+    KDABENCH_C1,
+    MODES,
+    Backend,
+    KernelCalls,
+    Outputs,
+    Prepared,
+)
+from kdabench.bench.run import (
+    AGAINST,
+    SANITY_TOLERANCE,
+    Bench,
+    BenchError,
+    BenchResult,
+    relative_error,
+    shape_metrics,
+    summarize,
+)
+from kdabench.bench.shapes import BenchShape, ShapesError, ShapeSet, load_shapes, parse_shapes
+from kdabench.bench.timing import Timer, capture_graph, cuda_event_timer
+from kdabench.bench.work import Ceilings, count_bytes, count_flops, floor
+
+__all__ = [
+    "AGAINST", "FLA", "KDABENCH", "KDABENCH_C1", "MODES", "SANITY_TOLERANCE", "Backend", "Bench",
+    "BenchError", "BenchResult", "BenchShape", "Ceilings", "KernelCalls", "Outputs", "Prepared",
+    "ShapeSet", "ShapesError", "Timer", "capture_graph", "count_bytes", "count_flops",
+    "cuda_event_timer", "floor", "load_shapes", "parse_shapes", "relative_error",
+    "shape_metrics", "summarize",
+]

@@ -1,0 +1,76 @@
+"""What the bench runner needs from a device: the :class:`Backend` protocol.
+
+The CUDA backend (:mod:`kdabench.bench.cuda`) builds real kernels; tests inject a fake one
+with deterministic timings so the whole pipeline runs on a CPU.
+
+Kernel names: ``kdabench`` (capacity 4, four active checkpoints per sequence),
+``kdabench-c1`` (capacity 1, one active checkpoint per sequence) and ``fla``
+(``fla.ops.kda.chunk_kda`` with its final state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kdabench.bench.shapes import BenchShape, ShapeSet
+from kdabench.bench.timing import Timer
+from kdabench.bench.work import Ceilings
+
+KDABENCH = "kdabench"
+KDABENCH_C1 = "kdabench-c1"
+FLA = "fla"
+MODES = ("eager", "graph")
+
+
+@dataclass
+class KernelCalls:
+    """The runs of one kernel at one shape: an eager call per input set and, when captured,
+    a graph replay per input set (``graph`` None: ``graph_note`` says why)."""
+
+    eager: list[Callable[[], Any]]
+    graph: list[Callable[[], Any]] | None = None
+    graph_note: str | None = None
+
+
+@dataclass
+class Outputs:
+    """One run of each kernel on input set 0: output [T, H, V] and final states
+    [N, H, V, K] (V-first, as the kdabench pool holds them)."""
+
+    output: dict[str, Any] = field(default_factory=dict)
+    final_state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Prepared:
+    """A shape made ready: input sets allocated, kernels bound, graphs captured."""
+
+    input_sets: int
+    input_set_bytes: int
+    calls: dict[str, KernelCalls]
+    outputs: Callable[[], Outputs]
+    check: Callable[[], list[str]]  # problems found after the runs (kernel error codes)
+    release: Callable[[], None]
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    timer: Timer
+
+    def unavailable(self) -> str | None:
+        """Why this backend cannot run here (None when it can)."""
+
+    def identity(self) -> dict[str, Any]:
+        """The device identity for the receipt."""
+
+    def fla_unavailable(self) -> str | None:
+        """Why fla's chunk_kda cannot be called (None when it can)."""
+
+    def ceilings(self) -> Ceilings:
+        """Measure the copy bandwidth and the bf16 matmul rate."""
+
+    def prepare(self, shape: BenchShape, shapes: ShapeSet, kernels: Sequence[str],
+                modes: Sequence[str]) -> Prepared:
+        """Allocate inputs, bind and warm the kernels, capture graphs for ``modes``."""

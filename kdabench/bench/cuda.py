@@ -1,0 +1,312 @@
+"""The CUDA backend of `kdabench bench`: input sets, the three kernels, the two ceilings.
+
+Input sets. Set 0 is :func:`kdabench.inputs.make_inputs` (seeded); set i > 0 is set 0 with
+every token tensor rolled by i * T / n tokens and the initial state negated for odd i (still
+valid samples of the same distribution, at other addresses). There are at least three
+sets, and enough that together they hold twice the L2 cache, so rotating among them keeps
+the cache from flattering any kernel.
+
+Kernels. kdabench runs through the planned API: one plan per capacity (its workspaces
+shared by the sets), a binding per input set with its own state pool and output; eager
+calls are ``run(binding)`` and graphs capture that call once per set. The pool of a
+sequence n holds its initial state in slot n (read), its final state goes to slot N + n and
+its checkpoints to slots 2N + 4n ... (written), so every run reads the same inputs.
+Capacity 4: offsets L/5, 2L/5, 3L/5 + 3, 4L/5 + 3 of each sequence of L tokens; capacity 1:
+one offset at L/2. fla: ``chunk_kda(q[None], k[None], v[None], g[None], beta[None],
+initial_state=S0 [N, H, K, V], output_final_state=True, cu_seqlens=int64, safe_gate=True,
+lower_bound=...)`` under ``torch.inference_mode()``; its graph is captured with
+``use_graph=True, max_num_seqs=N`` (fla's graph mode), else plainly, else not at all (the
+reason is recorded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from kdabench.bench.backend import FLA, KDABENCH, KDABENCH_C1, KernelCalls, Outputs, Prepared
+from kdabench.bench.shapes import BenchShape, ShapeSet
+from kdabench.bench.timing import capture_graph, cuda_event_timer
+from kdabench.bench.work import CHECKPOINTS, Ceilings, count_bytes
+from kdabench.inputs import KdaInputs, make_inputs
+
+DEFAULT_L2_BYTES = 50 * 1024 * 1024
+MIN_INPUT_SETS = 3
+MAX_INPUT_SETS = 32
+COPY_BYTES = 1 << 30  # per side of the ceiling copy
+MATMUL_SIZE = 8192
+CEILING_REPS = 30
+
+
+def input_set_count(set_bytes: int, l2_bytes: int, minimum: int = MIN_INPUT_SETS) -> int:
+    """At least ``minimum`` sets, and enough that together they hold twice the L2."""
+    return min(max(minimum, math.ceil(2 * l2_bytes / max(set_bytes, 1))), MAX_INPUT_SETS)
+
+
+def rotated_sets(base: KdaInputs, count: int) -> list[KdaInputs]:
+    """``base`` and ``count - 1`` rolled copies of it (module docstring)."""
+    tokens = base.q.shape[0]
+    sets = [base]
+    for index in range(1, count):
+        shift = index * tokens // count
+
+        def roll(t: torch.Tensor, shift: int = shift) -> torch.Tensor:
+            return torch.roll(t, shifts=shift, dims=0).contiguous()
+
+        state = base.initial_state
+        if state is not None:
+            state = torch.roll(state, shifts=index, dims=0) * (-1.0 if index % 2 else 1.0)
+            state = state.contiguous()
+        sets.append(dataclasses.replace(base, q=roll(base.q), k=roll(base.k), v=roll(base.v),
+                                        g=roll(base.g), beta=roll(base.beta),
+                                        initial_state=state))
+    return sets
+
+
+def checkpoint_offsets(seq_len: int, capacity: int) -> list[int]:
+    """The active checkpoint offsets of one sequence (module docstring)."""
+    if capacity == 1:
+        return [seq_len // 2]
+    offsets = [seq_len // 5, 2 * seq_len // 5, 3 * seq_len // 5 + 3, 4 * seq_len // 5 + 3]
+    if not (1 <= offsets[0] and all(a < b for a, b in itertools.pairwise(offsets))
+            and offsets[-1] <= seq_len - 1):
+        raise ValueError(f"sequences of {seq_len} tokens are too short for four interior "
+                         "checkpoints (need >= 32)")
+    return offsets
+
+
+@dataclasses.dataclass
+class KdabenchRun:
+    """One binding of a kdabench plan to one input set, with its pool."""
+
+    binding: Any
+    pool: torch.Tensor
+    final_slots: torch.Tensor
+
+
+def kdabench_runs(kernels: Any, sets: Sequence[KdaInputs], shape: BenchShape, capacity: int,
+                  device: torch.device) -> tuple[Any, list[KdabenchRun]]:
+    """A plan for ``capacity`` and a binding per input set (module docstring)."""
+    heads, dim, n = shape.heads, sets[0].q.shape[2], shape.seqs
+    slots = n * (2 + CHECKPOINTS)
+    caps = kernels.Caps(device=device, num_heads=heads, head_dim=dim, max_tokens=shape.tokens,
+                        max_seqs=n, max_state_slots=slots, max_checkpoints=capacity,
+                        lower_bound=sets[0].lower_bound)
+    plan = kernels.plan(caps, own_output=False)
+
+    def index(values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    offsets = checkpoint_offsets(shape.seq_len, capacity)
+    ck_offsets = [offsets for _ in range(n)]
+    ck_slots = [[2 * n + CHECKPOINTS * s + c for c in range(capacity)] for s in range(n)]
+    if capacity == 1:
+        ck_offsets, ck_slots = [row[0] for row in ck_offsets], [row[0] for row in ck_slots]
+    runs = []
+    for x in sets:
+        pool = torch.zeros(slots, heads, dim, dim, dtype=torch.float32, device=device)
+        pool[:n] = x.initial_state
+        final_slots = index(list(range(n, 2 * n)))
+        binding = kernels.bind(
+            plan, x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+            cu_seqlens=x.cu_seqlens.to(torch.int32),
+            initial_state_indices=index(list(range(n))), final_state_indices=final_slots,
+            checkpoint_offsets=index(ck_offsets), checkpoint_state_indices=index(ck_slots),
+            out=torch.empty_like(x.v),
+        )
+        runs.append(KdabenchRun(binding, pool, final_slots))
+    return plan, runs
+
+
+def fla_call(chunk_kda: Callable, x: KdaInputs, *, graph_mode: bool = False
+             ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """A closure calling fla's chunk_kda on ``x`` (initial state transposed to [N, H, K, V])."""
+    initial = x.initial_state.transpose(-1, -2).contiguous()
+    cu_seqlens = x.cu_seqlens.to(torch.int64)
+    q, k, v, g, beta = (t.unsqueeze(0) for t in (x.q, x.k, x.v, x.g, x.beta))
+    extra = {"use_graph": True, "max_num_seqs": cu_seqlens.numel() - 1} if graph_mode else {}
+
+    def call():
+        with torch.inference_mode():
+            return chunk_kda(q, k, v, g, beta, initial_state=initial, output_final_state=True,
+                             cu_seqlens=cu_seqlens, safe_gate=True, lower_bound=x.lower_bound,
+                             **extra)
+    return call
+
+
+def import_fla() -> tuple[Callable | None, str | None]:
+    """fla's chunk_kda, or None and the reason it cannot be imported."""
+    try:
+        from fla.ops.kda import chunk_kda
+    except ModuleNotFoundError as error:
+        return None, (f"fla is not installed ({error}); install the optional extra "
+                      "'kdabench[bench]' (fla-core 0.6.0) to compare against fla's chunk_kda")
+    except Exception as error:  # noqa: BLE001 - a broken install is a reason, not a crash
+        return None, f"fla does not import: {type(error).__name__}: {error}"
+    return chunk_kda, None
+
+
+class CudaBackend:
+    """Real kernels on the current CUDA device (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.timer = cuda_event_timer
+        self._fla: Callable | None = None
+        self._fla_reason: str | None = None
+        self._fla_checked = False
+
+    def unavailable(self) -> str | None:
+        if not torch.cuda.is_available():
+            return ("kdabench bench needs a CUDA GPU and torch sees none here "
+                    "(torch.cuda.is_available() is False)")
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return "TRITON_INTERPRET=1 is set: unset it to benchmark the compiled kernels"
+        return None
+
+    def identity(self) -> dict[str, Any]:
+        from kdabench.environment import device_identity
+
+        return device_identity("cuda")
+
+    def fla_unavailable(self) -> str | None:
+        if not self._fla_checked:
+            self._fla, self._fla_reason = import_fla()
+            self._fla_checked = True
+        return self._fla_reason
+
+    def l2_bytes(self) -> int:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return int(getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES)
+
+    def ceilings(self) -> Ceilings:
+        device = torch.device("cuda", torch.cuda.current_device())
+        copy = self.timer([_copy_call(device)], 3, CEILING_REPS)
+        matmul = self.timer([_matmul_call(device)], 3, CEILING_REPS)
+        torch.cuda.empty_cache()
+        copy_ms, matmul_ms = _median(copy), _median(matmul)
+        return Ceilings(
+            copy_bytes_per_s=2 * COPY_BYTES / (copy_ms / 1e3),
+            matmul_flops_per_s=2 * MATMUL_SIZE**3 / (matmul_ms / 1e3),
+            details={"copy": {"bytes_each_way": COPY_BYTES, "counted": "read + written",
+                              "median_ms": copy_ms, "samples_ms": copy},
+                     "matmul": {"m": MATMUL_SIZE, "n": MATMUL_SIZE, "k": MATMUL_SIZE,
+                                "dtype": "bfloat16", "data": "randn", "median_ms": matmul_ms,
+                                "samples_ms": matmul}},
+        )
+
+    def prepare(self, shape: BenchShape, shapes: ShapeSet, kernels: Sequence[str],
+                modes: Sequence[str]) -> Prepared:
+        from kdabench import kernels as kda
+
+        device = torch.device("cuda", torch.cuda.current_device())
+        set_bytes = count_bytes(shape.tokens, shape.heads, shapes.head_dim, shape.seqs)
+        count = input_set_count(set_bytes, self.l2_bytes())
+        base = make_inputs(shape.lengths, shape.heads, shapes.head_dim,
+                           lower_bound=shapes.lower_bound, seed=shapes.seed, device=device)
+        sets = rotated_sets(base, count)
+        calls: dict[str, KernelCalls] = {}
+        plans: list[Any] = []
+        kda_runs: dict[str, list[KdabenchRun]] = {}
+        for name, capacity in ((KDABENCH, CHECKPOINTS), (KDABENCH_C1, 1)):
+            if name not in kernels:
+                continue
+            plan, runs = kdabench_runs(kda, sets, shape, capacity, device)
+            plans.append(plan)
+            kda_runs[name] = runs
+            eager = [(lambda b=r.binding: kda.run(b)) for r in runs]
+            calls[name] = KernelCalls(eager=eager)
+            if "graph" in modes:
+                graphs = [capture_graph(call) for call in eager]
+                calls[name].graph = [graph.replay for graph in graphs]
+                calls[name].graph_note = "plan/bind once per input set; run(binding) captured"
+        fla_calls: list[Callable] = []
+        if FLA in kernels:
+            chunk_kda = self._fla
+            fla_calls = [fla_call(chunk_kda, x) for x in sets]
+            calls[FLA] = KernelCalls(eager=fla_calls)
+            if "graph" in modes:
+                calls[FLA].graph, calls[FLA].graph_note = _capture_fla(chunk_kda, sets)
+
+        def outputs() -> Outputs:
+            found = Outputs()
+            for name, runs in kda_runs.items():
+                run = runs[0]
+                result = kda.run(run.binding)
+                result.raise_for_error()
+                found.output[name] = result.o.float().clone()
+                found.final_state[name] = run.pool[run.final_slots.long()].clone()
+            if fla_calls:
+                o, final = fla_calls[0]()
+                found.output[FLA] = o[0].float().clone()
+                found.final_state[FLA] = final.transpose(-1, -2).float().clone()
+            torch.cuda.synchronize()
+            return found
+
+        def check() -> list[str]:
+            torch.cuda.synchronize()
+            problems = []
+            for plan in plans:
+                code = int(plan.error_code.item())
+                if code:
+                    problems.append(f"kdabench capacity {plan.caps.max_checkpoints}: error code "
+                                    f"{code} ({kda.decode_error_code(code)})")
+            return problems
+
+        def release() -> None:
+            calls.clear()
+            kda_runs.clear()
+            fla_calls.clear()
+            plans.clear()
+            sets.clear()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+        return Prepared(input_sets=count, input_set_bytes=set_bytes, calls=calls,
+                        outputs=outputs, check=check, release=release,
+                        details={"l2_bytes": self.l2_bytes()})
+
+
+def _capture_fla(chunk_kda: Callable, sets: Sequence[KdaInputs]
+                 ) -> tuple[list[Callable] | None, str]:
+    """Graph replays of fla, one per set: fla's graph mode first, then a plain capture."""
+    failures = []
+    for graph_mode, label in ((True, "use_graph=True"), (False, "plain call")):
+        try:
+            graphs = [capture_graph(fla_call(chunk_kda, x, graph_mode=graph_mode))
+                      for x in sets]
+        except Exception as error:  # noqa: BLE001 - a failed capture is recorded, not fatal
+            failures.append(f"{label}: {type(error).__name__}: {str(error)[:200]}")
+            with contextlib.suppress(Exception):  # a broken capture may leave an error behind
+                torch.cuda.synchronize()
+            continue
+        note = f"captured with {label}"
+        if failures:
+            note += " (" + "; ".join(failures) + ")"
+        return [graph.replay for graph in graphs], note
+    return None, "fla graph capture failed: " + "; ".join(failures)
+
+
+def _copy_call(device: torch.device) -> Callable[[], Any]:
+    source = torch.randn(COPY_BYTES // 4, dtype=torch.float32, device=device)
+    target = torch.empty_like(source)
+    return lambda: target.copy_(source)
+
+
+def _matmul_call(device: torch.device) -> Callable[[], Any]:
+    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, dtype=torch.bfloat16, device=device)
+    b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, dtype=torch.bfloat16, device=device)
+    c = torch.empty_like(a)
+    return lambda: torch.matmul(a, b, out=c)
+
+
+def _median(samples: list[float]) -> float:
+    import statistics
+
+    return statistics.median(samples)

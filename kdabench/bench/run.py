@@ -1,0 +1,336 @@
+"""The bench run: each shape's kernels timed per mode, the sanity check, the receipt, plots.
+
+    from kdabench.bench import Bench, load_shapes
+
+    result = Bench(load_shapes(None), out_dir="results").run()
+    result.receipt_path, result.summary, result.plots
+
+Per shape, on the same input sets in one process: ``fla`` (when present and asked for),
+``kdabench`` (capacity 4, four active checkpoints per sequence) and ``kdabench-c1``
+(capacity 1, one active checkpoint per sequence), each in every mode asked for: ``eager``
+(a call per sample) and ``graph`` (a CUDA-graph replay per sample). Eager is compared with
+eager and graph with graph; graph replay measures the GPU work, eager adds each API's host
+work between launches.
+
+Definitions (per shape and mode; all medians of the raw samples, which are kept):
+    ratio            fla median / kdabench median (above 1: kdabench is faster)
+    export overhead  kdabench median / kdabench-c1 median - 1: what exporting four
+                     checkpoints at capacity 4 costs over one at capacity 1
+    tokens/s         T / median
+    to floor         median / floor (kdabench.bench.work: bytes and FLOPs at the rates
+                     measured in the same run)
+Sanity check: kdabench's output against fla's on input set 0, relative Frobenius error;
+above 5e-2 the case fails (the two compute the same function: a miss means a misuse of
+one API). The final states and capacity 1 against capacity 4 are recorded alongside.
+
+Receipt (kind "bench"): one case per shape with the fields :mod:`kdabench.report` reads
+(``shape`` label, ``T``, ``H``, ``seqs``, ``floor_ms``, ``kernels`` = the primary mode's
+{kernel: {median_ms, samples_ms}}; primary is graph when measured, else eager) plus
+``modes`` = {mode: {kernel: {median_ms, samples_ms, tokens_per_s, to_floor}}},
+``ratio_fla_over_kdabench``, ``export_overhead`` = {mode: value}, ``floor``, ``sanity``,
+``graph_notes``, ``input_sets``. The config holds the options, the shapes file, the
+ceilings, the formulas, and at the end ``bench_summary`` (medians over the shapes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kdabench.bench.backend import FLA, KDABENCH, KDABENCH_C1, MODES, Backend
+from kdabench.bench.shapes import BenchShape, ShapeSet
+from kdabench.bench.work import BYTES_FORMULA, FLOPS_FORMULA, floor
+from kdabench.receipts import new_receipt, sanitize
+
+AGAINST = ("fla", "none")
+SANITY_TOLERANCE = 5e-2
+DEFAULT_REPS = 100
+DEFAULT_WARMUP = 10
+
+
+class BenchError(ValueError):
+    """A bench that cannot start (no GPU, bad options); one line."""
+
+
+def relative_error(found: Any, reference: Any) -> float:
+    """||found - reference|| / ||reference|| (Frobenius, float64); inf when not finite."""
+    found, reference = found.double(), reference.double()
+    if tuple(found.shape) != tuple(reference.shape):
+        raise ValueError(f"shapes differ: {tuple(found.shape)} against {tuple(reference.shape)}")
+    norm = float(reference.norm())
+    error = float((found - reference).norm())
+    value = error / norm if norm else error
+    return value if math.isfinite(value) else math.inf
+
+
+def _median(samples: Sequence[float]) -> float | None:
+    return statistics.median(samples) if samples else None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def shape_metrics(modes: Mapping[str, Mapping[str, Mapping[str, Any]]], tokens: int,
+                  floor_ms: float | None) -> dict[str, Any]:
+    """Per mode: each kernel's tokens/s and distance to the floor, fla/kdabench and the
+    export overhead, from ``modes`` = {mode: {kernel: {"median_ms": ...}}} (filled in)."""
+    ratios, overheads = {}, {}
+    for mode, kernels in modes.items():
+        for entry in kernels.values():
+            median = entry.get("median_ms")
+            entry["tokens_per_s"] = tokens / (median / 1e3) if median else None
+            entry["to_floor"] = _ratio(median, floor_ms)
+        ours = kernels.get(KDABENCH, {}).get("median_ms")
+        ratios[mode] = _ratio(kernels.get(FLA, {}).get("median_ms"), ours)
+        single = _ratio(ours, kernels.get(KDABENCH_C1, {}).get("median_ms"))
+        overheads[mode] = None if single is None else single - 1.0
+    return {"ratio_fla_over_kdabench": ratios, "export_overhead": overheads}
+
+
+def summarize(cases: Sequence[Mapping[str, Any]], modes: Sequence[str]) -> dict[str, Any]:
+    """Medians over the shapes, per mode: fla/kdabench, export overhead, kdabench / floor."""
+    summary: dict[str, Any] = {"shapes": len(cases), "per_mode": {}}
+    for mode in modes:
+        ratio = _by_shape(cases, ("ratio_fla_over_kdabench", mode))
+        overhead = _by_shape(cases, ("export_overhead", mode))
+        to_floor = _by_shape(cases, ("modes", mode, KDABENCH, "to_floor"))
+        summary["per_mode"][mode] = {
+            "median_ratio_fla_over_kdabench": _median(list(ratio.values())),
+            "min_ratio_fla_over_kdabench": min(ratio.values()) if ratio else None,
+            "median_export_overhead": _median(list(overhead.values())),
+            "max_export_overhead": max(overhead.values()) if overhead else None,
+            "median_kdabench_to_floor": _median(list(to_floor.values())),
+            "ratio_by_shape": ratio, "export_overhead_by_shape": overhead,
+        }
+    return summary
+
+
+def _by_shape(cases: Sequence[Mapping[str, Any]], path: Sequence[str]) -> dict[str, float]:
+    """{shape label: the finite number at ``path`` in the case} (absent ones left out)."""
+    found = {}
+    for case in cases:
+        value: Any = case
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            found[str(case["shape"])] = float(value)
+    return found
+
+
+@dataclass
+class BenchResult:
+    """What a run found and where it left the receipt and plots."""
+
+    receipt_path: Path
+    receipt: dict[str, Any]
+    cases: list[dict[str, Any]]
+    summary: dict[str, Any]
+    plots: list[Path] = field(default_factory=list)
+    fla_skipped: str | None = None
+    plot_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.cases) and all(c["verdict"] in ("pass", "skip") for c in self.cases)
+
+    def to_dict(self) -> dict[str, Any]:
+        return sanitize({
+            "ok": self.ok, "receipt": str(self.receipt_path), "sha256": self.receipt["sha256"],
+            "status": self.receipt["status"], "device": self.receipt["device"].get("name"),
+            "modes": self.receipt["config"]["modes"], "fla_skipped": self.fla_skipped,
+            "ceilings": {k: self.receipt["config"]["ceilings"].get(k)
+                         for k in ("copy_bytes_per_s", "matmul_flops_per_s")},
+            "summary": self.summary, "plots": [str(p) for p in self.plots],
+            "plot_error": self.plot_error,
+            "shapes": [{"shape": c["shape"], "verdict": c["verdict"],
+                        "message": c.get("message"),
+                        "median_ms": {mode: {k: v.get("median_ms") for k, v in kernels.items()}
+                                      for mode, kernels in (c.get("modes") or {}).items()},
+                        "ratio_fla_over_kdabench": c.get("ratio_fla_over_kdabench"),
+                        "export_overhead": c.get("export_overhead"),
+                        "floor_ms": c.get("floor_ms"),
+                        "sanity": c.get("sanity")} for c in self.cases],
+        })
+
+
+class Bench:
+    """One bench run: checks the options on construction (raises :class:`BenchError`),
+    then :meth:`run` measures the ceilings, every shape, and writes receipt and plots."""
+
+    def __init__(self, shapes: ShapeSet, *, backend: Backend | None = None,
+                 against: str = "fla", modes: Sequence[str] = MODES, reps: int = DEFAULT_REPS,
+                 warmup: int = DEFAULT_WARMUP, out_dir: str | os.PathLike | None = None,
+                 plot: bool = True, command_line: Sequence[str] | None = None,
+                 created_at: str | None = None) -> None:
+        if against not in AGAINST:
+            raise BenchError(f"--against must be one of {', '.join(AGAINST)}, got {against!r}")
+        modes = list(dict.fromkeys(modes))
+        bad = [m for m in modes if m not in MODES]
+        if bad or not modes:
+            raise BenchError(f"--modes takes a comma-separated subset of {','.join(MODES)}, got "
+                             f"{','.join(modes) or 'nothing'}")
+        if reps < 1 or warmup < 0:
+            raise BenchError(f"--reps must be >= 1 (got {reps}) and warmup >= 0 (got {warmup})")
+        if backend is None:
+            from kdabench.bench.cuda import CudaBackend
+
+            backend = CudaBackend()
+        reason = backend.unavailable()
+        if reason:
+            raise BenchError(reason)
+        self.shapes, self.backend, self.against = shapes, backend, against
+        self.modes = [m for m in MODES if m in modes]
+        self.reps, self.warmup, self.plot = reps, warmup, plot
+        self.fla_skipped = backend.fla_unavailable() if against == "fla" else None
+        self.kernels = [KDABENCH, KDABENCH_C1]
+        if against == "fla" and self.fla_skipped is None:
+            self.kernels.insert(0, FLA)
+        self.out_dir = Path(out_dir) if out_dir else _default_out_dir()
+        self.command_line, self.created_at = command_line, created_at
+
+    @property
+    def primary_mode(self) -> str:
+        return "graph" if "graph" in self.modes else "eager"
+
+    def config(self, ceilings: Any) -> dict[str, Any]:
+        return {
+            "shapes_name": self.shapes.name,
+            "shapes_origin": "default" if self.shapes.origin == "default" else "file",
+            "shapes_sha256": self.shapes.sha256, "shapes": self.shapes.document,
+            "against": self.against, "fla_skipped": self.fla_skipped,
+            "kernels": self.kernels, "modes": self.modes, "primary_mode": self.primary_mode,
+            "reps": self.reps, "warmup": self.warmup,
+            "ceilings": ceilings.to_dict(), "bytes_formula": BYTES_FORMULA,
+            "flops_formula": FLOPS_FORMULA, "sanity_tolerance": SANITY_TOLERANCE,
+            "definitions": {
+                "ratio_fla_over_kdabench": "fla median / kdabench median, same mode",
+                "export_overhead": ("kdabench (capacity 4, four active checkpoints) median / "
+                                    "kdabench-c1 (capacity 1, one active checkpoint) median "
+                                    "- 1, same mode"),
+                "to_floor": "median / floor_ms",
+                "floor_ms": "max(bytes / copy rate, FLOPs / bf16 matmul rate)",
+                "sanity": "relative Frobenius error of kdabench's output against fla's",
+            },
+        }
+
+    def run(self, *, on_start: Callable[[BenchShape], None] | None = None,
+            on_case: Callable[[dict[str, Any]], None] | None = None) -> BenchResult:
+        ceilings = self.backend.ceilings()
+        builder = new_receipt("bench", config=self.config(ceilings),
+                              command_line=self.command_line, device=self.backend.identity(),
+                              created_at=self.created_at)
+        path = _receipt_path(self.out_dir, builder.filename())
+        records = []
+        with builder.writer(path) as writer:
+            for shape in self.shapes.shapes:
+                if on_start:
+                    on_start(shape)
+                record = self.run_shape(shape, ceilings)
+                records.append(writer.add_case(record))
+                if on_case:
+                    on_case(record)
+            summary = summarize(records, self.modes)
+            builder.config["bench_summary"] = sanitize(summary)  # in the "complete" write
+        result = BenchResult(path, builder.document("complete"), records, summary,
+                             fla_skipped=self.fla_skipped)
+        if self.plot:
+            from kdabench.bench.plots import plot_receipt
+
+            try:
+                result.plots = plot_receipt(result.receipt, path)
+            except Exception as error:  # noqa: BLE001 - a plot never loses the receipt
+                result.plot_error = f"{type(error).__name__}: {error}"
+        return result
+
+    def run_shape(self, shape: BenchShape, ceilings: Any) -> dict[str, Any]:
+        """Measure one shape; never raises but for Ctrl-C (a crash is an "error" case)."""
+        started = time.perf_counter()
+        work = floor(shape.tokens, shape.heads, self.shapes.head_dim, shape.seqs,
+                     self.shapes.flop_chunk, ceilings)
+        record: dict[str, Any] = {
+            "id": shape.label, "shape": shape.label, "T": shape.tokens, "H": shape.heads,
+            "seqs": shape.seqs, "seq_len": shape.seq_len, "K": self.shapes.head_dim,
+            "V": self.shapes.head_dim, "lower_bound": self.shapes.lower_bound,
+            "floor": work, "floor_ms": work["ms"], "primary_mode": self.primary_mode,
+        }
+        problems: list[str] = []
+        notes: list[str] = []
+        prepared = None
+        try:
+            prepared = self.backend.prepare(shape, self.shapes, self.kernels, self.modes)
+            record.update(input_sets=prepared.input_sets,
+                          input_set_bytes=prepared.input_set_bytes, **prepared.details)
+            record["sanity"] = sanity = self.sanity(prepared.outputs())
+            if sanity.get("output") is not None and not sanity["output"] <= SANITY_TOLERANCE:
+                problems.append(f"kdabench output differs from fla's by {sanity['output']:.3g} "
+                                f"(relative), over {SANITY_TOLERANCE:g}")
+            modes: dict[str, dict[str, Any]] = {}
+            graph_notes: dict[str, str | None] = {}
+            for mode in self.modes:
+                modes[mode] = {}
+                for kernel, calls in prepared.calls.items():
+                    runs = calls.eager if mode == "eager" else calls.graph
+                    if mode == "graph":
+                        graph_notes[kernel] = calls.graph_note
+                    if runs is None:
+                        notes.append(f"{kernel} has no graph column: {calls.graph_note}")
+                        continue
+                    samples = [float(s) for s in self.backend.timer(runs, self.warmup,
+                                                                    self.reps)]
+                    modes[mode][kernel] = {"median_ms": _median(samples), "samples_ms": samples}
+            problems += prepared.check()
+            record["modes"] = modes
+            record["graph_notes"] = graph_notes
+            record["kernels"] = modes.get(self.primary_mode, {})
+            record.update(shape_metrics(modes, shape.tokens, work["ms"]))
+            verdict = "fail" if problems else "pass"
+        except KeyboardInterrupt:
+            raise
+        except Exception as error:  # noqa: BLE001 - a crash is a verdict, not the end of the run
+            problems.append(f"{type(error).__name__}: {error}")
+            verdict = "error"
+            record.setdefault("modes", {})
+            record.setdefault("kernels", {})
+        finally:
+            if prepared is not None:
+                prepared.release()
+        record["verdict"] = verdict
+        record["message"] = "; ".join(problems + notes) or None
+        record["wall_s"] = round(time.perf_counter() - started, 3)
+        return record
+
+    def sanity(self, outputs: Any) -> dict[str, Any]:
+        found: dict[str, Any] = {"tolerance": SANITY_TOLERANCE, "output": None,
+                                 "final_state": None, "c1_vs_c4_output": None}
+        ours = outputs.output.get(KDABENCH)
+        if ours is not None and FLA in outputs.output:
+            found["output"] = relative_error(ours, outputs.output[FLA])
+            found["final_state"] = relative_error(outputs.final_state[KDABENCH],
+                                                  outputs.final_state[FLA])
+        if ours is not None and KDABENCH_C1 in outputs.output:
+            found["c1_vs_c4_output"] = relative_error(outputs.output[KDABENCH_C1], ours)
+        return found
+
+
+def _default_out_dir() -> Path:
+    from kdabench.qualification import default_results_dir
+
+    return default_results_dir()
+
+
+def _receipt_path(folder: Path, filename: str) -> Path:
+    stem = filename.removesuffix(".json")
+    path, number = folder / f"{stem}.json", 1
+    while path.exists():
+        number += 1
+        path = folder / f"{stem}-{number}.json"
+    return path

@@ -1,0 +1,171 @@
+"""`kdabench bench`: kdabench's prefill against fla's chunk_kda, with the floor, as a receipt."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError, print_error, user_errors
+
+TABLE_WIDTH = 150
+
+
+def _modes(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+@click.command("bench", epilog=EXIT_CODES_HELP)
+@click.option("--shapes", "shapes_path", type=click.Path(path_type=Path), default=None,
+              help="A shapes TOML file of your own (default: the packaged "
+              "kdabench/data/bench-shapes.toml).")
+@click.option("--against", type=click.Choice(["fla", "none"]), default="fla", show_default=True,
+              help="Compare against fla's chunk_kda (skipped with a message when fla is not "
+              "installed), or time kdabench alone.")
+@click.option("--modes", "modes_text", metavar="eager,graph", default="eager,graph",
+              show_default=True, help="Timing modes: eager calls, CUDA-graph replays, or both.")
+@click.option("--reps", type=int, default=100, show_default=True,
+              help="Timed samples per kernel, mode and shape (the median is reported; every "
+              "sample is kept in the receipt).")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Folder for the receipt and plots (default: the repository's results/, or "
+              "$KDABENCH_RESULTS).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--plot/--no-plot", default=True, show_default=True,
+              help="Draw time against T per mode as PNGs beside the receipt.")
+def bench(shapes_path: Path | None, against: str, modes_text: str, reps: int,
+          out_dir: Path | None, as_json: bool, plot: bool) -> None:
+    """Time kdabench against fla's chunk_kda per shape and write a receipt (kind "bench").
+
+    Per shape, on the same inputs in one process: fla (its final state), kdabench with
+    capacity 4 and four active checkpoints per sequence, and kdabench with capacity 1 and
+    one checkpoint (export overhead = capacity 4 / capacity 1 - 1). Each in eager mode and
+    CUDA-graph replay (compare like with like; graph replay measures the GPU work): warm,
+    CUDA events, --reps samples rotating among input sets larger than the L2, median.
+    Also per shape: fla/kdabench, tokens/s, the floor (bytes over the copy bandwidth, FLOPs
+    over the bf16 matmul rate, both measured in this run) and the distance to it, and a
+    sanity check of kdabench's output against fla's (fails above 5e-2). Needs a CUDA GPU.
+
+    Exit 0 when it ran (speed targets are reported, not asserted); 1 when a sanity check
+    fails or a shape errors; 2 for bad input (a shapes file that does not load, bad
+    --modes or --reps, no CUDA GPU).
+    """
+    from kdabench.bench import Bench, BenchError, ShapesError, load_shapes
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    with user_errors(ShapesError, BenchError):
+        shapes = load_shapes(shapes_path)
+        run = Bench(shapes, against=against, modes=_modes(modes_text), reps=reps,
+                    out_dir=out_dir, plot=plot)
+    if run.fla_skipped:
+        print_error(f"fla comparison skipped: {run.fla_skipped}", style="bold yellow")
+    result = _run_with_progress(console, run)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        wide = max(Console().width, TABLE_WIDTH)  # piped logs keep every column
+        _render(Console(highlight=False, soft_wrap=True, width=wide), result)
+    if result.plot_error:
+        print_error(f"the plots were not drawn: {result.plot_error}", style="bold yellow")
+    bad = [c for c in result.cases if c["verdict"] not in ("pass", "skip")]
+    if bad:
+        raise Finding(f"{len(bad)} of {len(result.cases)} shapes did not pass: "
+                      + "; ".join(f"{c['id']}: {c.get('message')}" for c in bad[:3]))
+
+
+def _run_with_progress(console: Console, run) -> Any:
+    console.print(f"bench · {len(run.shapes.shapes)} shapes · kernels {', '.join(run.kernels)}"
+                  f" · modes {', '.join(run.modes)} · {run.reps} reps · receipt in "
+                  f"{escape(str(run.out_dir))}")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("measuring the ceilings", total=len(run.shapes.shapes))
+
+        def on_start(shape) -> None:
+            progress.update(task, description=escape(shape.label))
+
+        def on_case(record: dict[str, Any]) -> None:
+            if record["verdict"] != "pass":
+                progress.console.print(f"[red]{record['verdict'].upper()}[/red] "
+                                       f"{escape(record['id'])}: {escape(str(record['message']))}")
+            progress.advance(task)
+
+        try:
+            result = run.run(on_start=on_start, on_case=on_case)
+        except KeyboardInterrupt:
+            progress.stop()
+            print_error("interrupted: the partial receipt is in " + str(run.out_dir),
+                        style="bold yellow")
+            raise click.exceptions.Exit(130) from None
+        except OSError as error:
+            raise UserError(f"cannot write the receipt into {run.out_dir}: "
+                            f"{error.strerror or error}") from error
+        progress.update(task, description="done")
+    return result
+
+
+def _ms(value: Any) -> str:
+    return "-" if not isinstance(value, (int, float)) else f"{value:.3f}"
+
+
+def _times(value: Any, suffix: str = "x") -> str:
+    return "-" if not isinstance(value, (int, float)) else f"{value:.2f}{suffix}"
+
+
+def _percent(value: Any) -> str:
+    return "-" if not isinstance(value, (int, float)) else f"{100 * value:+.1f}%"
+
+
+def _render(console: Console, result) -> None:
+    config = result.receipt["config"]
+    ceilings = config["ceilings"]
+    table = Table(title=f"bench · {escape(str(result.receipt['device'].get('name')))}",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for column in ("shape", "mode"):
+        table.add_column(column, no_wrap=True)
+    for column in ("fla ms", "kdabench ms", "c1 ms", "fla/kdabench", "export ovh",
+                   "floor ms", "to floor", "Mtok/s", "out err"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.caption = (f"kdabench: capacity 4, four checkpoints; c1: capacity 1, one; export ovh "
+                     f"= kdabench/c1 - 1; floor at {ceilings['copy_bytes_per_s'] / 1e12:.2f} "
+                     f"TB/s and {ceilings['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s measured "
+                     "here; out err: kdabench against fla")
+    for case in result.cases:
+        error = (case.get("sanity") or {}).get("output")
+        for index, mode in enumerate(config["modes"]):
+            kernels = (case.get("modes") or {}).get(mode) or {}
+            ours = kernels.get("kdabench", {})
+            rate = ours.get("tokens_per_s")
+            table.add_row(
+                escape(case["shape"]) if index == 0 else "", mode,
+                _ms(kernels.get("fla", {}).get("median_ms")), _ms(ours.get("median_ms")),
+                _ms(kernels.get("kdabench-c1", {}).get("median_ms")),
+                _times((case.get("ratio_fla_over_kdabench") or {}).get(mode)),
+                _percent((case.get("export_overhead") or {}).get(mode)),
+                _ms(case.get("floor_ms")), _times(ours.get("to_floor")),
+                "-" if rate is None else f"{rate / 1e6:.1f}",
+                ("-" if not isinstance(error, (int, float)) else f"{error:.1e}")
+                if index == 0 else "",
+                style="red" if case["verdict"] != "pass" else None,
+            )
+    console.print(table)
+    for mode, row in result.summary["per_mode"].items():
+        console.print(f"{mode}: median fla/kdabench {_times(row['median_ratio_fla_over_kdabench'])}"
+                      f" (min {_times(row['min_ratio_fla_over_kdabench'])}) · median export "
+                      f"overhead {_percent(row['median_export_overhead'])} · median kdabench/"
+                      f"floor {_times(row['median_kdabench_to_floor'])}")
+    for case in result.cases:
+        if case.get("message"):
+            console.print(f"[yellow]{escape(case['id'])}[/yellow]: {escape(case['message'])}")
+    console.print(f"receipt {escape(str(result.receipt_path))} · sha256 "
+                  f"{result.receipt['sha256'][:16]}…")
+    for path in result.plots:
+        console.print(f"plot {escape(str(path))}")

@@ -1,0 +1,117 @@
+"""`kdabench bench` through click's CliRunner, with the fake backend of tests/test_bench.py
+standing in for the CUDA one (deterministic timings on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from kdabench.bench import cuda as bench_cuda
+from kdabench.cli.main import cli
+from kdabench.receipts import verify_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from test_bench import TINY_SHAPES, FakeBackend
+
+
+def invoke(*args: str | Path):
+    return CliRunner().invoke(cli, [str(arg) for arg in args], prog_name="kdabench")
+
+
+@pytest.fixture
+def shapes_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY_SHAPES)
+    return path
+
+
+def use_backend(monkeypatch, **options) -> None:
+    monkeypatch.setattr(bench_cuda, "CudaBackend", lambda: FakeBackend(**options))
+
+
+def assert_one_line_error(result, exit_code: int, *fragments: str) -> None:
+    assert result.exit_code == exit_code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_exit_2_without_a_gpu(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = invoke("bench", "--out", tmp_path)
+    assert_one_line_error(result, 2, "needs a CUDA GPU")
+    assert not list(tmp_path.iterdir())
+
+
+def test_json_output(monkeypatch, tmp_path, shapes_file):
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path / "out", "--reps", "7",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    assert found["ok"] and found["modes"] == ["eager", "graph"] and found["fla_skipped"] is None
+    assert verify_file(found["receipt"]).ok
+    assert [s["shape"] for s in found["shapes"]] == ["64x1x(2x32)", "128x2x1"]
+    graph = found["summary"]["per_mode"]["graph"]
+    assert graph["median_ratio_fla_over_kdabench"] == pytest.approx(2.5)
+    assert len(found["plots"]) == 2 and all(Path(p).exists() for p in found["plots"])
+
+
+def test_table_output(monkeypatch, tmp_path, shapes_file):
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot")
+    assert result.exit_code == 0, result.output
+    assert "fla/kdabench" in result.stdout and "64x1x(2x32)" in result.stdout
+    assert "graph: median fla/kdabench 2.50x" in result.stdout
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_fla_absent_message(monkeypatch, tmp_path, shapes_file):
+    use_backend(monkeypatch, fla_reason="fla is not installed (No module named 'fla')")
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    assert "fla comparison skipped: fla is not installed" in result.stderr
+    found = json.loads(result.stdout)
+    assert found["fla_skipped"].startswith("fla is not installed")
+    assert "fla" not in found["shapes"][0]["median_ms"]["graph"]
+
+
+def test_sanity_failure_exits_1(monkeypatch, tmp_path, shapes_file):
+    use_backend(monkeypatch, output_error=0.3)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot")
+    assert result.exit_code == 1, result.output
+    assert "2 of 2 shapes did not pass" in result.stderr
+    assert list(tmp_path.glob("bench-*.json"))  # the receipt is still written
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--modes", "eager,fast"], "--modes"),
+    (["--reps", "0"], "--reps"),
+    (["--against", "flash"], "flash"),
+], ids=["modes", "reps", "against"])
+def test_bad_options_exit_2(monkeypatch, tmp_path, shapes_file, args, fragment):
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, *args)
+    assert_one_line_error(result, 2, fragment)
+
+
+def test_bad_shapes_file_exits_2(monkeypatch, tmp_path):
+    use_backend(monkeypatch)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('schema = "kdabench.bench-shapes.v1"\n[[shape]]\ntokens = 100\nheads = 1\n'
+                   'seqs = 3\n')
+    assert_one_line_error(invoke("bench", "--shapes", bad), 2, "does not divide")
+    assert_one_line_error(invoke("bench", "--shapes", tmp_path / "absent.toml"), 2,
+                          "no such shapes file")
+
+
+def test_help_documents_exit_codes():
+    result = invoke("bench", "--help")
+    assert result.exit_code == 0 and "Exit codes" in result.output and "--against" in result.output

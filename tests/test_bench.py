@@ -1,0 +1,437 @@
+"""kdabench.bench on the CPU: the shapes file, the two numbers, the metrics, the whole
+pipeline with a fake backend (deterministic timings), the receipt as kdabench.report reads
+it, and the CUDA backend's device-agnostic parts (kdabench under the Triton interpreter,
+fla's call through a stand-in)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+
+from kdabench.bench import (
+    FLA,
+    KDABENCH,
+    KDABENCH_C1,
+    Bench,
+    BenchError,
+    BenchShape,
+    Ceilings,
+    KernelCalls,
+    Outputs,
+    Prepared,
+    ShapesError,
+    count_bytes,
+    count_flops,
+    floor,
+    load_shapes,
+    parse_shapes,
+    relative_error,
+    shape_metrics,
+    summarize,
+)
+from kdabench.bench import cuda as bench_cuda
+from kdabench.receipts import load_receipt, verify_file
+from kdabench.report import bench_points, build_report
+
+TINY_SHAPES = """
+schema = "kdabench.bench-shapes.v1"
+name = "tiny"
+head_dim = 64
+[[shape]]
+tokens = 64
+heads = 1
+seqs = 2
+[[shape]]
+tokens = 128
+heads = 2
+"""
+
+# --------------------------------------------------------------------------- fake backend
+
+# Nominal milliseconds per 1024 tokens and head, per kernel and mode.
+FAKE_MS = {("eager", FLA): 0.40, ("eager", KDABENCH): 0.20, ("eager", KDABENCH_C1): 0.19,
+           ("graph", FLA): 0.20, ("graph", KDABENCH): 0.08, ("graph", KDABENCH_C1): 0.078}
+
+
+def fake_timer(calls, warmup, reps):
+    """Sample i is calls[i % n]() scaled by a fixed pattern: median = the nominal time."""
+    pattern = (1.0, 0.98, 1.02, 0.99, 1.01)
+    return [calls[i % len(calls)]() * pattern[i % len(pattern)] for i in range(reps)]
+
+
+class FakeBackend:
+    """Deterministic timings; kdabench's output is fla's plus `output_error` (relative)."""
+
+    def __init__(self, *, fla_reason: str | None = None, output_error: float = 1e-3,
+                 fla_graph: bool = True, fail_prepare: bool = False, unavailable=None):
+        self.timer = fake_timer
+        self.fla_reason, self.output_error = fla_reason, output_error
+        self.fla_graph, self.fail_prepare, self._unavailable = fla_graph, fail_prepare, unavailable
+        self.released = 0
+
+    def unavailable(self):
+        return self._unavailable
+
+    def identity(self):
+        return {"kind": "fake", "device": "fake:0", "name": "Fake GPU"}
+
+    def fla_unavailable(self):
+        return self.fla_reason
+
+    def ceilings(self):
+        return Ceilings(4.0e12, 7.0e14, {"copy": {"samples_ms": [1.0]}})
+
+    def prepare(self, shape, shapes, kernels, modes):
+        if self.fail_prepare:
+            raise RuntimeError("out of fake memory")
+        scale = shape.tokens * shape.heads / 1024
+
+        def calls(kernel):
+            eager = [lambda k=kernel: FAKE_MS["eager", k] * scale] * 3
+            graph = [lambda k=kernel: FAKE_MS["graph", k] * scale] * 3
+            if kernel == FLA and not self.fla_graph:
+                return KernelCalls(eager=eager, graph=None, graph_note="capture failed: sync")
+            return KernelCalls(eager=eager, graph=graph if "graph" in modes else None,
+                               graph_note="fake")
+
+        gen = torch.Generator().manual_seed(shape.tokens)
+        reference = torch.randn(shape.tokens, shape.heads, shapes.head_dim, generator=gen)
+        state = torch.randn(shape.seqs, shape.heads, shapes.head_dim, shapes.head_dim,
+                            generator=gen)
+
+        def outputs():
+            found = Outputs()
+            noise = torch.randn(reference.shape, generator=gen)
+            ours = reference + noise * self.output_error * reference.norm() / noise.norm()
+            for kernel in kernels:
+                found.output[kernel] = reference if kernel == FLA else ours
+                found.final_state[kernel] = state
+            return found
+
+        def release():
+            self.released += 1
+
+        return Prepared(input_sets=3, input_set_bytes=count_bytes(
+            shape.tokens, shape.heads, shapes.head_dim, shape.seqs),
+            calls={k: calls(k) for k in kernels}, outputs=outputs, check=list,
+            release=release)
+
+
+@pytest.fixture
+def tiny() -> object:
+    return parse_shapes(TINY_SHAPES, origin="tiny.toml")
+
+
+def run_fake(tmp_path: Path, shapes, **options):
+    backend = options.pop("backend", None) or FakeBackend()
+    bench = Bench(shapes, backend=backend, out_dir=tmp_path, reps=11, warmup=1,
+                  command_line=["kdabench", "bench"], created_at="2026-12-02T12:00:00Z",
+                  **options)
+    return bench.run()
+
+
+# --------------------------------------------------------------------------- shapes file
+
+
+def test_default_shapes_are_the_issue_table():
+    shapes = load_shapes(None)
+    assert [s.label for s in shapes.shapes] == [
+        "8192x8x1", "8192x8x(4x2048)", "8192x32x1", "8192x64x1", "16384x16x1", "32768x8x1",
+        "65536x8x1", "65536x32x1", "32768x8x(64x512)"]
+    assert (shapes.head_dim, shapes.lower_bound, shapes.origin) == (128, -5.0, "default")
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('schema = "other"\n[[shape]]\ntokens = 64\nheads = 1', "schema must be"),
+    ('schema = "kdabench.bench-shapes.v1"\ncolour = 1\n[[shape]]\ntokens = 64\nheads = 1',
+     "unknown key(s) colour"),
+    ('schema = "kdabench.bench-shapes.v1"', "no [[shape]] entries"),
+    ('schema = "kdabench.bench-shapes.v1"\n[[shape]]\nheads = 1', "shape 1: missing 'tokens'"),
+    ('schema = "kdabench.bench-shapes.v1"\n[[shape]]\ntokens = 100\nheads = 1\nseqs = 3',
+     "seqs 3 does not divide tokens 100"),
+    ('schema = "kdabench.bench-shapes.v1"\n[[shape]]\ntokens = 64\nheads = 1\nseqs = 8',
+     "sequences of 8 tokens"),
+    ('schema = "kdabench.bench-shapes.v1"\n[[shape]]\ntokens = 0\nheads = 1', "tokens must be"),
+    ('schema = "kdabench.bench-shapes.v1"\n[[shape]]\ntokens = 64\nheads = 1\nlen = 2',
+     "shape 1: unknown key(s) len"),
+    ('schema = "kdabench.bench-shapes.v1"\nhead_dim = 96\n[[shape]]\ntokens = 64\nheads = 1',
+     "head_dim must be one of"),
+    ('schema = "kdabench.bench-shapes.v1"\nlower_bound = -6\n[[shape]]\ntokens = 64\nheads = 1',
+     "lower_bound must be"),
+    ('schema = "kdabench.bench-shapes.v1"\n' + '[[shape]]\ntokens = 64\nheads = 1\n' * 2,
+     "64x1x1 is listed twice"),
+    ('schema = "kdabench.bench-shapes.v1"\n[[shape]\n', "TOML syntax error"),
+], ids=["schema", "unknown-top", "no-shapes", "missing-tokens", "seqs-divide", "short",
+        "zero-tokens",
+        "unknown-shape-key", "head-dim", "lower-bound", "duplicate", "syntax"])
+def test_shapes_file_errors(text, fragment):
+    with pytest.raises(ShapesError) as caught:
+        parse_shapes(text, origin="mine.toml")
+    assert fragment in str(caught.value) and str(caught.value).startswith("mine.toml: ")
+
+
+def test_missing_shapes_file(tmp_path):
+    with pytest.raises(ShapesError, match="no such shapes file"):
+        load_shapes(tmp_path / "absent.toml")
+    with pytest.raises(ShapesError, match="is a folder"):
+        load_shapes(tmp_path)
+
+
+# --------------------------------------------------------------------------- the two numbers
+
+
+def test_bytes_and_flops_by_hand():
+    # T = 16, H = 1, D = 64, N = 1; chunk 16.
+    # bytes: q,k,v 3*16*64*2 = 6144; g 16*64*4 = 4096; beta 16*4 = 64; o 16*64*2 = 2048;
+    # states (1 + 1 + 4) * 64*64*4 = 98304.
+    assert count_bytes(16, 1, 64, 1) == 6144 + 4096 + 64 + 2048 + 98304
+    # per token: 6*64*64 = 24576; 2*16*(3*64 + 2*64) = 10240; 2*16^2/3 = 170.67.
+    assert count_flops(16, 1, 64, 16) == pytest.approx(16 * (24576 + 10240 + 512 / 3))
+    work = floor(16, 1, 64, 1, 16, Ceilings(1e12, 1e15, {}))
+    assert work["bytes_ms"] == pytest.approx(110656 / 1e12 * 1e3)
+    assert work["flops_ms"] == pytest.approx(16 * (24576 + 10240 + 512 / 3) / 1e15 * 1e3)
+    assert work["bound"] == "bytes" and work["ms"] == work["bytes_ms"]
+
+
+def test_floor_of_the_anchor_shape_matches_the_notes():
+    # kernels/NOTES.md: ~100 MB and ~10 GFLOP for 8192 x 8 heads, K = V = 128.
+    assert 100e6 < count_bytes(8192, 8, 128, 1) < 110e6
+    assert 7e9 < count_flops(8192, 8, 128, 16) < 13e9
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def test_ratio_overhead_and_summary_math():
+    modes = {"graph": {FLA: {"median_ms": 3.0}, KDABENCH: {"median_ms": 1.0},
+                       KDABENCH_C1: {"median_ms": 0.8}},
+             "eager": {KDABENCH: {"median_ms": 2.0}, KDABENCH_C1: {"median_ms": 2.0}}}
+    metrics = shape_metrics(modes, 8192, 0.5)
+    assert metrics["ratio_fla_over_kdabench"] == {"graph": 3.0, "eager": None}
+    assert metrics["export_overhead"]["graph"] == pytest.approx(0.25)
+    assert metrics["export_overhead"]["eager"] == 0.0
+    assert modes["graph"][KDABENCH]["tokens_per_s"] == pytest.approx(8192 / 1e-3)
+    assert modes["graph"][KDABENCH]["to_floor"] == 2.0
+    cases = [{"shape": "a", **metrics, "modes": modes},
+             {"shape": "b", "ratio_fla_over_kdabench": {"graph": 1.0},
+              "export_overhead": {"graph": 0.05}, "modes": {"graph": {KDABENCH: {"to_floor": 4}}}},
+             {"shape": "c", "ratio_fla_over_kdabench": {"graph": 2.0},
+              "export_overhead": {"graph": "nan"}, "modes": {}}]
+    summary = summarize(cases, ["graph", "eager"])["per_mode"]
+    assert summary["graph"]["median_ratio_fla_over_kdabench"] == 2.0
+    assert summary["graph"]["min_ratio_fla_over_kdabench"] == 1.0
+    assert summary["graph"]["median_export_overhead"] == pytest.approx(0.15)
+    assert summary["graph"]["median_kdabench_to_floor"] == 3.0
+    assert summary["eager"]["median_ratio_fla_over_kdabench"] is None
+
+
+def test_relative_error():
+    reference = torch.ones(4, 4)
+    assert relative_error(reference * 1.01, reference) == pytest.approx(0.01)
+    assert relative_error(reference * float("nan"), reference) == math.inf
+    with pytest.raises(ValueError, match="shapes differ"):
+        relative_error(torch.ones(2), reference)
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+def test_pipeline_writes_a_receipt_report_reads(tmp_path, tiny):
+    result = run_fake(tmp_path, tiny)
+    assert result.ok and verify_file(result.receipt_path).ok
+    receipt = load_receipt(result.receipt_path)
+    assert receipt["kind"] == "bench" and receipt["status"] == "complete"
+    config = receipt["config"]
+    assert config["modes"] == ["eager", "graph"] and config["kernels"] == [FLA, KDABENCH,
+                                                                             KDABENCH_C1]
+    assert config["ceilings"]["copy_bytes_per_s"] == 4.0e12
+    assert config["bench_summary"]["per_mode"]["graph"]["median_ratio_fla_over_kdabench"] == \
+        pytest.approx(0.20 / 0.08)
+    case = receipt["cases"][0]
+    assert (case["shape"], case["T"], case["H"], case["seqs"]) == ("64x1x(2x32)", 64, 1, 2)
+    assert case["floor_ms"] == pytest.approx(case["floor"]["ms"]) and case["floor_ms"] > 0
+    scale = 64 / 1024
+    graph = case["modes"]["graph"]
+    assert graph[KDABENCH]["median_ms"] == pytest.approx(0.08 * scale)
+    assert len(graph[KDABENCH]["samples_ms"]) == 11
+    assert case["kernels"] == graph  # the primary mode, for kdabench.report
+    assert case["ratio_fla_over_kdabench"]["eager"] == pytest.approx(2.0)
+    assert case["export_overhead"]["graph"] == pytest.approx(0.08 / 0.078 - 1)
+    assert graph[KDABENCH]["tokens_per_s"] == pytest.approx(64 / (0.08 * scale / 1e3))
+    assert case["sanity"]["output"] == pytest.approx(1e-3, rel=1e-3)
+    points = {p.kernel: p for p in bench_points(case)}
+    assert set(points) == {FLA, KDABENCH, KDABENCH_C1}
+    assert points[KDABENCH].tokens == 64 and points[KDABENCH].floor_ms == case["floor_ms"]
+    assert [p.name for p in result.plots] == [f"{result.receipt_path.stem}-eager.png",
+                                              f"{result.receipt_path.stem}-graph.png"]
+    for path in result.plots:
+        assert matplotlib.image.imread(path).shape[0] > 100
+    report = build_report([result.receipt_path], tmp_path / "report")
+    assert report.plots and all(p.exists() for p in report.plots)
+    text = report.markdown_path.read_text()
+    assert "64x1x(2x32)" in text and f"{0.20 / 0.08:.2f}x" in text
+
+
+def test_sanity_failure_fails_the_case(tmp_path, tiny):
+    result = run_fake(tmp_path, tiny, backend=FakeBackend(output_error=0.2))
+    assert not result.ok
+    assert {c["verdict"] for c in result.cases} == {"fail"}
+    assert "differs from fla's by 0.2" in result.cases[0]["message"]
+
+
+def test_fla_absent_runs_kdabench_alone(tmp_path, tiny):
+    result = run_fake(tmp_path, tiny, backend=FakeBackend(fla_reason="fla is not installed"))
+    assert result.ok and result.fla_skipped == "fla is not installed"
+    case = result.cases[0]
+    assert set(case["kernels"]) == {KDABENCH, KDABENCH_C1}
+    assert case["sanity"]["output"] is None
+    assert case["ratio_fla_over_kdabench"] == {"eager": None, "graph": None}
+    assert result.receipt["config"]["fla_skipped"] == "fla is not installed"
+
+
+def test_against_none_and_eager_only(tmp_path, tiny):
+    result = run_fake(tmp_path, tiny, against="none", modes=["eager"], plot=False)
+    assert result.ok and result.plots == [] and result.fla_skipped is None
+    case = result.cases[0]
+    assert case["primary_mode"] == "eager" and set(case["modes"]) == {"eager"}
+    assert FLA not in case["kernels"]
+
+
+def test_fla_graph_capture_failure_leaves_its_column_empty(tmp_path, tiny):
+    result = run_fake(tmp_path, tiny, backend=FakeBackend(fla_graph=False))
+    case = result.cases[0]
+    assert case["verdict"] == "pass" and FLA not in case["modes"]["graph"]
+    assert FLA in case["modes"]["eager"]
+    assert "fla has no graph column: capture failed: sync" in case["message"]
+    assert case["ratio_fla_over_kdabench"]["graph"] is None
+
+
+def test_a_crashing_shape_is_an_error_case(tmp_path, tiny):
+    backend = FakeBackend(fail_prepare=True)
+    result = run_fake(tmp_path, tiny, backend=backend)
+    assert [c["verdict"] for c in result.cases] == ["error", "error"]
+    assert "out of fake memory" in result.cases[0]["message"]
+    assert verify_file(result.receipt_path).ok
+
+
+def test_release_after_every_shape(tmp_path, tiny):
+    backend = FakeBackend()
+    run_fake(tmp_path, tiny, backend=backend, plot=False)
+    assert backend.released == 2
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"modes": ["fast"]}, "--modes"), ({"modes": []}, "--modes"),
+    ({"against": "flash"}, "--against"), ({"reps": 0}, "--reps"),
+    ({"backend": FakeBackend(unavailable="needs a CUDA GPU")}, "needs a CUDA GPU"),
+], ids=["mode", "no-mode", "against", "reps", "no-device"])
+def test_bad_options(tiny, options, fragment):
+    options.setdefault("backend", FakeBackend())
+    with pytest.raises(BenchError, match=fragment):
+        Bench(tiny, **options)
+
+
+# --------------------------------------------------------------------------- CUDA backend parts
+
+
+def test_cuda_backend_refuses_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "needs a CUDA GPU" in bench_cuda.CudaBackend().unavailable()
+
+
+def test_fla_import_reason_names_the_extra(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_fla(name, *args, **kwargs):
+        if name == "fla" or name.startswith("fla."):
+            raise ModuleNotFoundError("No module named 'fla'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_fla)
+    chunk_kda, reason = bench_cuda.import_fla()
+    assert chunk_kda is None and "kdabench[bench]" in reason and "fla" in reason
+
+
+def test_input_sets_cover_the_cache():
+    assert bench_cuda.input_set_count(100 << 20, 50 << 20) == 3
+    assert bench_cuda.input_set_count(10 << 20, 50 << 20) == 10
+    assert bench_cuda.input_set_count(1, 50 << 20) == bench_cuda.MAX_INPUT_SETS
+
+
+def test_rotated_sets_are_distinct_valid_inputs():
+    from kdabench.inputs import make_inputs
+
+    base = make_inputs([16, 16], 1, 64, seed=3)
+    sets = bench_cuda.rotated_sets(base, 3)
+    assert len(sets) == 3
+    for x in sets[1:]:
+        assert not torch.equal(x.q, base.q) and x.q.data_ptr() != base.q.data_ptr()
+        assert torch.equal(x.cu_seqlens, base.cu_seqlens)
+        assert float(x.g.min()) >= -5.0 and float(x.g.max()) < 0
+        assert sorted(x.q.flatten().tolist()) == sorted(base.q.flatten().tolist())
+    assert torch.equal(sets[1].initial_state, -torch.roll(base.initial_state, 1, 0))
+
+
+def test_checkpoint_offsets():
+    assert bench_cuda.checkpoint_offsets(2048, 4) == [409, 819, 1231, 1641]
+    assert bench_cuda.checkpoint_offsets(2048, 1) == [1024]
+    assert bench_cuda.checkpoint_offsets(32, 4) == [6, 12, 22, 28]
+    with pytest.raises(ValueError, match="too short"):
+        bench_cuda.checkpoint_offsets(8, 4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the kernels under the interpreter")
+def test_kdabench_bindings_run_under_the_interpreter():
+    from kdabench import kernels
+    from kdabench.inputs import make_inputs
+
+    shape = BenchShape(64, 1, 2)
+    base = make_inputs(shape.lengths, 1, 64, seed=5)
+    sets = bench_cuda.rotated_sets(base, 2)
+    device = torch.device("cpu")
+    outputs = {}
+    for capacity in (4, 1):
+        _, runs = bench_cuda.kdabench_runs(kernels, sets, shape, capacity, device)
+        for run in runs:
+            result = kernels.run(run.binding)
+            result.raise_for_error()
+            assert torch.isfinite(result.o.float()).all()
+        outputs[capacity] = runs[0].binding.out.float()
+        pool = runs[0].pool
+        assert torch.equal(pool[:2], sets[0].initial_state)  # initial slots are read only
+        written = pool[2:2 + 2 + 4 * 2].flatten(1).abs().sum(1)
+        assert (written[:2] > 0).all()  # final states
+        assert ((written[2:] > 0).sum() == (8 if capacity == 4 else 2))  # checkpoints
+    assert relative_error(outputs[1], outputs[4]) < 1e-6
+
+
+def test_fla_call_passes_the_documented_arguments():
+    from kdabench.inputs import make_inputs
+
+    x = make_inputs([16, 32], 2, 64, seed=1)
+    seen = {}
+
+    def chunk_kda(q, k, v, g, beta, **kwargs):
+        seen.update(q=q, g=g, beta=beta, inference=torch.is_inference_mode_enabled(), **kwargs)
+        return v[..., :].clone(), kwargs["initial_state"]
+
+    bench_cuda.fla_call(chunk_kda, x)()
+    assert seen["q"].shape == (1, 48, 2, 64) and seen["beta"].shape == (1, 48, 2)
+    assert seen["inference"] and seen["safe_gate"] and seen["lower_bound"] == -5.0
+    assert seen["output_final_state"] and seen["cu_seqlens"].dtype == torch.int64
+    assert torch.equal(seen["initial_state"], x.initial_state.transpose(-1, -2))
+    assert "use_graph" not in seen
+    bench_cuda.fla_call(chunk_kda, x, graph_mode=True)()
+    assert seen["use_graph"] and seen["max_num_seqs"] == 2
+
+
+def test_fake_timer_median_is_nominal():
+    samples = fake_timer([lambda: 2.0] * 3, 0, 11)
+    assert statistics.median(samples) == 2.0
