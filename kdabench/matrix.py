@@ -32,23 +32,15 @@ values) raise :class:`MatrixError` with one line that names the file and the gro
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    try:
-        import tomli as tomllib  # type: ignore[no-redef]
-    except ModuleNotFoundError:  # pragma: no cover - depends on the interpreter
-        tomllib = None  # type: ignore[assignment]
+from kdabench.datafiles import packaged_bytes, parse_toml, read_bytes
 
 SCHEMA = "kdabench.matrix.v1"
 TIERS = ("cpu", "gpu")
@@ -291,32 +283,15 @@ def _expand_group(group: Mapping[str, Any], tolerances: Mapping[str, float]):
 def load_matrix(path: str | Path | None = None) -> Matrix:
     """Load and validate a matrix file; None loads the packaged default."""
     if path is None:
-        raw = resources.files("kdabench").joinpath("data", DEFAULT_MATRIX).read_bytes()
-        return parse_matrix(raw, origin="default")
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise MatrixError(f"{path}: no such matrix file") from exc
-    except IsADirectoryError as exc:
-        raise MatrixError(f"{path}: is a folder, not a matrix file") from exc
-    except OSError as exc:
-        raise MatrixError(f"{path}: cannot read ({exc.strerror})") from exc
+        return parse_matrix(packaged_bytes(DEFAULT_MATRIX), origin="default")
+    raw = read_bytes(path, "matrix file", MatrixError)
     return parse_matrix(raw, origin=str(path))
 
 
 def parse_matrix(raw: bytes | str, *, origin: str = "matrix") -> Matrix:
     """Parse and validate matrix TOML (bytes or text); `origin` names it in errors."""
-    if tomllib is None:  # pragma: no cover
-        raise MatrixError("reading matrix files needs Python 3.11+ or the 'tomli' package")
-    data = raw.encode("utf-8") if isinstance(raw, str) else raw
-    try:
-        document = tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise MatrixError(f"{origin}: not UTF-8 text") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise MatrixError(f"{origin}: TOML syntax error: {exc}") from exc
-    return _validate(document, origin, hashlib.sha256(data).hexdigest())
+    document, digest = parse_toml(raw, origin, MatrixError)
+    return _validate(document, origin, digest)
 
 
 def _fail(origin: str, where: str, message: str) -> MatrixError:

@@ -15,19 +15,11 @@ else is refused with :class:`ShapesError`, one line naming the file and the key.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    try:
-        import tomli as tomllib  # type: ignore[no-redef]
-    except ModuleNotFoundError:  # pragma: no cover - depends on the interpreter
-        tomllib = None  # type: ignore[assignment]
+from kdabench.datafiles import packaged_bytes, parse_toml, read_bytes
 
 SCHEMA = "kdabench.bench-shapes.v1"
 DEFAULT_SHAPES = "bench-shapes.toml"  # in kdabench/data/
@@ -82,32 +74,15 @@ class ShapeSet:
 def load_shapes(path: str | Path | None = None) -> ShapeSet:
     """Load and validate a shapes file; None loads the packaged default."""
     if path is None:
-        raw = resources.files("kdabench").joinpath("data", DEFAULT_SHAPES).read_bytes()
-        return parse_shapes(raw, origin="default")
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise ShapesError(f"{path}: no such shapes file") from exc
-    except IsADirectoryError as exc:
-        raise ShapesError(f"{path}: is a folder, not a shapes file") from exc
-    except OSError as exc:
-        raise ShapesError(f"{path}: cannot read ({exc.strerror})") from exc
+        return parse_shapes(packaged_bytes(DEFAULT_SHAPES), origin="default")
+    raw = read_bytes(path, "shapes file", ShapesError)
     return parse_shapes(raw, origin=str(path))
 
 
 def parse_shapes(raw: bytes | str, *, origin: str = "shapes") -> ShapeSet:
     """Parse and validate shapes TOML (bytes or text); ``origin`` names it in errors."""
-    if tomllib is None:  # pragma: no cover
-        raise ShapesError("reading shapes files needs Python 3.11+ or the 'tomli' package")
-    data = raw.encode("utf-8") if isinstance(raw, str) else raw
-    try:
-        document = tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ShapesError(f"{origin}: not UTF-8 text") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ShapesError(f"{origin}: TOML syntax error: {exc}") from exc
-    return _validate(document, origin, hashlib.sha256(data).hexdigest())
+    document, digest = parse_toml(raw, origin, ShapesError)
+    return _validate(document, origin, digest)
 
 
 def _integer(origin: str, where: str, value: Any, minimum: int = 1) -> int:

@@ -10,10 +10,10 @@ import click
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError, print_error, user_errors
+from kdabench.cli.errors import EXIT_CODES_HELP, Finding, print_error, user_errors
+from kdabench.cli.progress import run_cases_with_progress
 
 TABLE_WIDTH = 150
 
@@ -84,32 +84,9 @@ def _run_with_progress(console: Console, run) -> Any:
     console.print(f"bench · {len(run.shapes.shapes)} shapes · kernels {', '.join(run.kernels)}"
                   f" · modes {', '.join(run.modes)} · {run.reps} reps · receipt in "
                   f"{escape(str(run.out_dir))}")
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("measuring the ceilings", total=len(run.shapes.shapes))
-
-        def on_start(shape) -> None:
-            progress.update(task, description=escape(shape.label))
-
-        def on_case(record: dict[str, Any]) -> None:
-            if record["verdict"] != "pass":
-                progress.console.print(f"[red]{record['verdict'].upper()}[/red] "
-                                       f"{escape(record['id'])}: {escape(str(record['message']))}")
-            progress.advance(task)
-
-        try:
-            result = run.run(on_start=on_start, on_case=on_case)
-        except KeyboardInterrupt:
-            progress.stop()
-            print_error("interrupted: the partial receipt is in " + str(run.out_dir),
-                        style="bold yellow")
-            raise click.exceptions.Exit(130) from None
-        except OSError as error:
-            raise UserError(f"cannot write the receipt into {run.out_dir}: "
-                            f"{error.strerror or error}") from error
-        progress.update(task, description="done")
-    return result
+    return run_cases_with_progress(console, run, total=len(run.shapes.shapes),
+                                   first="measuring the ceilings", label=lambda s: s.label,
+                                   receipt=f"in {run.out_dir}")
 
 
 def _ms(value: Any) -> str:

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError, print_error, user_errors
+from kdabench.cli.progress import run_cases_with_progress
 from kdabench.matrix import TIERS, MatrixError, load_matrix, parse_shard, select_cases
 from kdabench.qualify import Qualification, QualifyError, QualifyResult, default_tier, fmt_error
 from kdabench.receipts import ReceiptError
@@ -221,31 +222,8 @@ def _run_with_progress(run: Qualification) -> QualifyResult:
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     console.print(f"qualify · {run.tier} tier · {run.backend} · {len(run.cases)} cases · "
                   f"receipt {escape(str(run.path))}")
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("starting", total=len(run.cases))
-
-        def on_start(case) -> None:
-            progress.update(task, description=escape(case.id[:60]))
-
-        def on_case(record: dict[str, Any]) -> None:
-            if record["verdict"] != "pass":
-                progress.console.print(f"[red]{record['verdict'].upper()}[/red] "
-                                       f"{escape(record['id'])}: {escape(str(record['message']))}")
-            progress.advance(task)
-
-        try:
-            result = run.run(on_start=on_start, on_case=on_case)
-        except KeyboardInterrupt:
-            progress.stop()
-            print_error(f"interrupted: the partial receipt is {run.path}", style="bold yellow")
-            raise click.exceptions.Exit(130) from None
-        except OSError as error:
-            raise UserError(f"cannot write the receipt {run.path}: "
-                            f"{error.strerror or error}") from error
-        progress.update(task, description="done")
-    return result
+    return run_cases_with_progress(console, run, total=len(run.cases), first="starting",
+                                   label=lambda case: case.id[:60], receipt=str(run.path))
 
 
 def _render(console: Console, result: QualifyResult) -> None:

@@ -7,9 +7,9 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from kdabench.datafiles import read_bytes
 from kdabench.receipts.encoding import (
     _HASH_FIELD,
     _REQUIRED_FIELDS,
@@ -52,15 +52,7 @@ def _parse(raw: bytes, label: str) -> dict[str, Any]:
 
 def read_receipt(path: str | os.PathLike) -> tuple[dict[str, Any], bytes]:
     """Read a receipt file; returns (document, raw bytes). Raises :class:`ReceiptError`."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise ReceiptError(f"{path}: no such file") from exc
-    except IsADirectoryError as exc:
-        raise ReceiptError(f"{path}: is a folder, not a receipt file") from exc
-    except OSError as exc:
-        raise ReceiptError(f"{path}: cannot read ({exc.strerror})") from exc
+    raw = read_bytes(path, "file", ReceiptError)
     return _parse(raw, str(path)), raw
 
 

@@ -37,17 +37,13 @@ line naming the file, the arm and the key at fault.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from kdabench.datafiles import tomllib
 
 SCHEMA = "kdabench.arms.v1"
 
