@@ -24,12 +24,15 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if CUDA_AVAILABLE:
-        return
     needs_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    needs_interpreter = pytest.mark.skip(
+        reason="the CPU tier needs the Triton interpreter; this process compiled the kernels "
+        "for a GPU")
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
+        if not CUDA_AVAILABLE and item.get_closest_marker("gpu") is not None:
             item.add_marker(needs_gpu)
+        if CUDA_AVAILABLE and item.get_closest_marker("interpreter") is not None:
+            item.add_marker(needs_interpreter)
 
 
 @pytest.fixture

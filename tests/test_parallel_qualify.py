@@ -24,10 +24,6 @@ from kdabench.qualify import (
 from kdabench.qualify.parallel import worker_environment
 from kdabench.receipts import load_receipt, verify_file, verify_receipt
 
-CPU_ONLY = pytest.mark.skipif(
-    torch.cuda.is_available(),
-    reason="the CPU tier needs the Triton interpreter; this process compiled the kernels for a GPU",
-)
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 
 TINY = """
@@ -75,7 +71,7 @@ def ids_and_verdicts(doc):
 # --------------------------------------------------------------------------- --workers
 
 
-@CPU_ONLY
+@pytest.mark.interpreter
 def test_two_cpu_workers_merge_to_the_one_process_run(tmp_path, tiny):
     result = invoke("qualify", "--workers", "2", "--matrix", tiny, "--out", tmp_path / "w")
     assert result.exit_code == 0, result.output

@@ -25,11 +25,6 @@ from kdabench.qualify import (
 )
 from kdabench.receipts import load_receipt, merge_receipts, verify_file
 
-CPU_ONLY = pytest.mark.skipif(
-    torch.cuda.is_available(),
-    reason="the CPU tier needs the Triton interpreter; this process compiled the kernels for a GPU",
-)
-
 TINY = """
 schema = "kdabench.matrix.v1"
 name = "tiny"
@@ -136,7 +131,7 @@ def test_metadata_oracle_sees_vector_metadata_for_capacity_one():
 # --------------------------------------------------------------------------- a CPU-tier run
 
 
-@CPU_ONLY
+@pytest.mark.interpreter
 def test_cpu_tier_run_writes_a_receipt_that_verifies(tmp_path, tiny_matrix):
     result = run_tiny(tmp_path, tiny_matrix)
     assert result.ok, [c.get("message") for c in result.cases]
@@ -166,7 +161,7 @@ def test_cpu_tier_run_writes_a_receipt_that_verifies(tmp_path, tiny_matrix):
     assert [case["index"] for case in doc["cases"]] == list(range(8))
 
 
-@CPU_ONLY
+@pytest.mark.interpreter
 def test_shards_merged_equal_one_unsharded_run(tmp_path, tiny_matrix):
     whole = run_tiny(tmp_path / "whole", tiny_matrix)
     shards = [run_tiny(tmp_path / f"s{i}", tiny_matrix, shard=(i, 2)) for i in (1, 2)]
@@ -185,7 +180,7 @@ def test_shards_merged_equal_one_unsharded_run(tmp_path, tiny_matrix):
     assert merged["summary"] == whole_doc["summary"]
 
 
-@CPU_ONLY
+@pytest.mark.interpreter
 def test_a_wrong_kernel_output_fails_its_case(tmp_path, tiny_matrix, monkeypatch):
     real = kernels.kda_prefill
 
@@ -201,7 +196,7 @@ def test_a_wrong_kernel_output_fails_its_case(tmp_path, tiny_matrix, monkeypatch
     assert "output error" in case["message"] and "exceeds tolerance 5.0e-03" in case["message"]
 
 
-@CPU_ONLY
+@pytest.mark.interpreter
 def test_a_stray_pool_write_fails_its_case(tmp_path, tiny_matrix, monkeypatch):
     real = kernels.kda_prefill
 
@@ -217,7 +212,7 @@ def test_a_stray_pool_write_fails_its_case(tmp_path, tiny_matrix, monkeypatch):
     assert "a slot that no destination names was written" in case["message"]
 
 
-@CPU_ONLY
+@pytest.mark.interpreter
 def test_accepting_bad_metadata_fails_the_fault_case(tmp_path, tiny_matrix, monkeypatch):
     real = kernels.kda_prefill
 
@@ -232,7 +227,7 @@ def test_accepting_bad_metadata_fails_the_fault_case(tmp_path, tiny_matrix, monk
     assert case["verdict"] == "fail" and "error code 0, expected 8" in case["message"]
 
 
-@CPU_ONLY
+@pytest.mark.interpreter
 def test_a_crashing_case_is_an_error_and_the_run_goes_on(tmp_path, tiny_matrix, monkeypatch):
     def crash(ctx, case):
         raise RuntimeError("boom")

@@ -12,11 +12,6 @@ from click.testing import CliRunner
 from kdabench.cli.main import cli
 from kdabench.receipts import load_receipt, verify_file
 
-CPU_ONLY = pytest.mark.skipif(
-    torch.cuda.is_available(),
-    reason="the CPU tier needs the Triton interpreter; this process compiled the kernels for a GPU",
-)
-
 TINY = """
 schema = "kdabench.matrix.v1"
 name = "tiny"
@@ -124,7 +119,7 @@ def test_gpu_tier_without_a_gpu_exits_2(tmp_path):
     assert_one_line_error(result, 2, "--tier gpu needs a CUDA GPU", "--tier cpu")
 
 
-@CPU_ONLY
+@pytest.mark.interpreter
 def test_a_passing_run_prints_the_table_and_writes_the_receipt(tiny, tmp_path):
     out = tmp_path / "receipts"
     result = invoke("qualify", "--tier", "cpu", "--matrix", tiny, "--out", out)
@@ -140,7 +135,7 @@ def test_a_passing_run_prints_the_table_and_writes_the_receipt(tiny, tmp_path):
     assert doc["summary"]["pass"] == 3
 
 
-@CPU_ONLY
+@pytest.mark.interpreter
 def test_json_output(tiny, tmp_path):
     result = invoke("qualify", "--tier", "cpu", "--matrix", tiny, "--out", tmp_path, "--json",
                     "--filter", "fault")
@@ -152,7 +147,7 @@ def test_json_output(tiny, tmp_path):
     assert Path(summary["receipt"]).is_file()
 
 
-@CPU_ONLY
+@pytest.mark.interpreter
 def test_a_failing_case_exits_1(tmp_path):
     path = tmp_path / "strict.toml"
     path.write_text(TINY.replace('name = "tiny"', 'name = "tiny"\ntolerances = { output = 1e-6 }'))
@@ -164,7 +159,7 @@ def test_a_failing_case_exits_1(tmp_path):
     assert load_receipt(receipt)["summary"]["fail"] == 2
 
 
-@CPU_ONLY
+@pytest.mark.interpreter
 def test_shards_through_the_cli_merge_into_the_whole(tiny, tmp_path):
     whole = invoke("qualify", "--tier", "cpu", "--matrix", tiny, "--out", tmp_path / "whole")
     assert whole.exit_code == 0, whole.output
