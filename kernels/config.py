@@ -11,7 +11,8 @@ CAPACITIES = (1, 2, 4)
 HEAD_DIMS = (64, 128)
 BACKENDS = ("triton",)
 VALIDATION_MODES = ("device",)
-CHUNK_SIZE = 16
+OPERAND_DTYPES = ("float32", "bfloat16")
+CHUNK_SIZE = 32
 MIN_LOWER_BOUND = -5.0
 SHARED_MEMORY_BUDGET_BYTES = 99 * 1024
 
@@ -45,7 +46,13 @@ class Caps:
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """The Triton backend's tunables."""
+    """The Triton backend's tunables.
+
+    chunk_size: tokens per sequential step (a multiple of 16). block_v: V columns per state-pass
+    program. operand_dtype: storage of the state pass's matrix operands (qg, kd, W, Aqk) and of
+    the state and delta fed to its dots: "float32" (tf32 dots) or "bfloat16" (bf16 dots); the
+    state itself always accumulates in fp32.
+    """
 
     chunk_size: int = CHUNK_SIZE
     block_v: int = 32
@@ -53,3 +60,4 @@ class KernelConfig:
     num_stages: int = 2
     prepare_warps: int = 4
     dot_precision: str = "tf32"
+    operand_dtype: str = "float32"

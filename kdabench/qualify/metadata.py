@@ -12,7 +12,10 @@ import torch
 
 from kdabench.oracles.metadata import expected_error_code
 
-CHUNK = 16  # tokens per chunk: "aligned" offsets are its multiples
+# "Aligned" offsets are multiples of 64 tokens: a chunk boundary for every chunk size the
+# kernels use (16, 32, 64). Not imported from kdabench.kernels: importing the kernels here
+# would compile them for the GPU before the CPU tier can select the interpreter.
+CHUNK = 64
 
 
 class CannotBuild(Exception):

@@ -7,6 +7,15 @@ import triton.language as tl
 
 
 @triton.jit
+def mma(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """a @ b accumulated in fp32. UPCAST multiplies in fp32 instead: the Triton interpreter's
+    bf16 dots are wrong, and bf16 -> fp32 is exact, so its products match the tensor cores'."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
 def pick(values, lane, c):
     """Scalar at position c of a 1-D tensor (lane = arange over its length)."""
     return tl.sum(tl.where(lane == c, values, 0), axis=0)

@@ -13,6 +13,8 @@ GATE_CODES = {"precomputed": 0, "sigmoid": 1, "softplus": 2}
 VALIDATE_BLOCK = 64
 SEARCH_BLOCK = 256
 FILL_ROWS = 64
+SUB_CHUNK = 16
+KERNEL_WORKSPACES = ("ws_G", "ws_QG", "ws_KD", "ws_GL", "ws_W", "ws_U", "ws_Aqk")  # argument order
 
 
 def interpreted() -> bool:
@@ -45,16 +47,22 @@ def chunk_slots(max_tokens: int, max_seqs: int, chunk_size: int) -> int:
 
 
 def allocate_workspaces(num_heads: int, head_dim: int, max_tokens: int, max_seqs: int,
-                        chunk_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """The per-plan workspaces of the two-stage prefill."""
-    rows = chunk_slots(max_tokens, max_seqs, chunk_size) * chunk_size
-    f32 = dict(dtype=torch.float32, device=device)
+                        chunk_size: int, device: torch.device,
+                        operand_dtype: str = "float32") -> dict[str, torch.Tensor]:
+    """The per-plan workspaces of the two-stage prefill (operands in `operand_dtype`)."""
+    chunks = chunk_slots(max_tokens, max_seqs, chunk_size)
+    rows = chunks * chunk_size
+    f32 = {"dtype": torch.float32, "device": device}
+    ops = {"dtype": getattr(torch, operand_dtype), "device": device}
     return {
         "chunk_offsets": torch.zeros(max_seqs + 1, dtype=torch.int32, device=device),
         "ws_G": torch.empty(num_heads, rows, head_dim, **f32),
-        "ws_W": torch.empty(num_heads, rows, head_dim, **f32),
+        "ws_QG": torch.empty(num_heads, rows, head_dim, **ops),
+        "ws_KD": torch.empty(num_heads, rows, head_dim, **ops),
+        "ws_GL": torch.empty(num_heads, chunks, head_dim, **f32),
+        "ws_W": torch.empty(num_heads, rows, head_dim, **ops),
         "ws_U": torch.empty(num_heads, rows, head_dim, **f32),
-        "ws_Aqk": torch.empty(num_heads, rows, chunk_size, **f32),
+        "ws_Aqk": torch.empty(num_heads, rows, chunk_size, **ops),
     }
 
 
@@ -78,24 +86,26 @@ def prefill(binding) -> None:
     meta_capacity = binding.cu_seqlens.numel() - 1
     stride_slots = chunk_slots(caps.max_tokens, caps.max_seqs, config.chunk_size)
     bound_slots = chunk_slots(binding.q.shape[0], meta_capacity, config.chunk_size)
+    workspaces = [ws[name] for name in KERNEL_WORKSPACES]
     kda_chunk_prepare_kernel[(bound_slots, caps.num_heads)](
         binding.q, binding.k, binding.v, binding.g, binding.beta, binding.cu_seqlens,
         binding.num_seqs, ws["chunk_offsets"], binding.A_log, binding.dt_bias, plan.error_code,
-        ws["ws_G"], ws["ws_W"], ws["ws_U"], ws["ws_Aqk"], float(caps.lower_bound), stride_slots,
+        *workspaces, float(caps.lower_bound), stride_slots,
         H=caps.num_heads, K=caps.head_dim, V=caps.head_dim, CHUNK=config.chunk_size,
-        GATE=GATE_CODES[caps.gate], QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
+        SUB=SUB_CHUNK, GATE=GATE_CODES[caps.gate], QK_L2NORM=caps.qk_l2norm,
+        BETA_SIGMOID=caps.beta_sigmoid,
         DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,
         num_warps=config.prepare_warps,
     )
     grid = (meta_capacity, triton.cdiv(caps.head_dim, config.block_v), caps.num_heads)
     kda_state_pass_kernel[grid](
-        binding.q, binding.k, binding.out, binding.state_pool, binding.cu_seqlens,
+        binding.k, binding.out, binding.state_pool, binding.cu_seqlens,
         binding.num_seqs, ws["chunk_offsets"], binding.initial_state_indices,
         binding.final_state_indices, binding.checkpoint_offsets,
-        binding.checkpoint_state_indices, ws["ws_G"], ws["ws_W"], ws["ws_U"], ws["ws_Aqk"],
-        plan.error_code, binding.scale, binding.out.shape[0], meta_capacity, stride_slots,
+        binding.checkpoint_state_indices, *workspaces, plan.error_code, binding.scale,
+        binding.out.shape[0], meta_capacity, stride_slots,
         H=caps.num_heads, K=caps.head_dim, V=caps.head_dim, BV=config.block_v,
         CHUNK=config.chunk_size, CK=caps.max_checkpoints, QK_L2NORM=caps.qk_l2norm,
-        DOT_PRECISION=config.dot_precision, FILL_ROWS=FILL_ROWS,
+        DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(), FILL_ROWS=FILL_ROWS,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

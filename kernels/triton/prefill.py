@@ -1,15 +1,15 @@
 """Stage 2 of the prefill: the sequential state pass, with interior checkpoint export.
 
-One program owns (sequence, V block, head) and walks the sequence's 16-token chunks, keeping
-the fp32 state S [K, BV] in registers. From stage 1's G, W, U, Aqk (see prepare.py):
+One program owns (sequence, V block, head) and walks the sequence's chunks, keeping the fp32
+state S [K, BV] in registers. From stage 1's workspaces (see prepare.py):
 
     delta = U - W S
-    o = scale (q exp(G) S + Aqk delta)
-    S <- exp(G_last) S + (k exp(G_last - G))^T delta
+    o = scale (qg S + Aqk delta),  qg = q exp(G)
+    S <- exp(G_last) S + kd^T delta,  kd = k exp(G_last - G) (stored transposed)
 
-A checkpoint at in-chunk position p < 16 is the same update truncated to the chunk's first p
-tokens; one at p == 16 is the chunk-end state itself, so aligned checkpoints equal, bit for bit,
-the final state of a run over the prefix. The chunk mirror in kdabench.oracles spells out the
+A checkpoint at in-chunk position p < CHUNK is the same update truncated to the chunk's first p
+tokens (from G and k), finished after the loop; one at p == CHUNK is the chunk-end state itself,
+so chunk-aligned checkpoints equal, bit for bit, the final state of a run over the prefix. The chunk mirror in kdabench.oracles spells out the
 same algorithm in plain torch. On a non-zero error code the program only poisons its share
 of the output with NaN and never touches the pool.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import load_keys, pick, pool_tile, row_of
+from .common import load_keys, mma, pool_tile, row_of
 
 
 @triton.jit
@@ -36,12 +36,56 @@ def _fill_nan(out, n, iv, h, token_capacity, meta_capacity,
 
 
 @triton.jit
+def _stage_checkpoints(pool, ws_U, state, new_state, delta, ck_off, ck_idx, n, ws_rows, start, h,
+                       rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       CHUNK: tl.constexpr, CK: tl.constexpr):
+    """In the loop, for each checkpoint in this chunk: at the chunk's end, write the state; inside
+    it, write the chunk-start state to its slot and the chunk's delta over U (read by no one
+    else), for _finish_checkpoints. Rolled and light: heavy work here spills the loop."""
+    for c in range(CK):
+        offset = tl.load(ck_off + n * CK + c).to(tl.int64)
+        slot = tl.load(ck_idx + n * CK + c).to(tl.int64)
+        if (slot >= 0) & (offset > start) & (offset <= start + CHUNK):
+            if offset == start + CHUNK:
+                tl.store(pool_tile(pool, slot, h, rk, rv, H, K, V), new_state)
+            else:
+                tl.store(pool_tile(pool, slot, h, rk, rv, H, K, V), state)
+                tl.store(ws_U + ws_rows[:, None] * V + rv[None, :], delta)
+
+
+@triton.jit
+def _finish_checkpoints(k, pool, ws_G, ws_U, ck_off, ck_idx, n, bos, chunk_row0, h, rk, rv, rc,
+                        OPERAND: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+                        V: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr,
+                        QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                        UPCAST_DOTS: tl.constexpr):
+    """After the loop, each checkpoint strictly inside a chunk: the chunk's update truncated to
+    its first p tokens, exp(G_p) S_start + (k exp(G_p - G))[:p]^T delta[:p]."""
+    for c in range(CK):
+        offset = tl.load(ck_off + n * CK + c).to(tl.int64)
+        slot = tl.load(ck_idx + n * CK + c).to(tl.int64)
+        if (slot >= 0) & (offset % CHUNK != 0):
+            start = offset // CHUNK * CHUNK
+            p = offset - start
+            ws_rows = chunk_row0 + start + rc
+            G = tl.load(ws_G + ws_rows[:, None] * K + rk[None, :])
+            kk = load_keys(k, (bos + start + rc) * H + h, rk, rc < p, K, QK_L2NORM)
+            Gp = row_of(G, rc, p - 1)
+            kp = kk * tl.exp(tl.minimum(Gp[None, :] - G, 0.0))
+            delta = tl.load(ws_U + ws_rows[:, None] * V + rv[None, :]).to(OPERAND)
+            tile = pool_tile(pool, slot, h, rk, rv, H, K, V)
+            partial = tl.exp(Gp)[:, None] * tl.load(tile)
+            partial += mma(tl.trans(kp.to(OPERAND)), delta, DOT_PRECISION, UPCAST_DOTS)
+            tl.store(tile, partial)
+
+
+@triton.jit
 def _state_pass(
-    q, k, out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-    ws_G, ws_W, ws_U, ws_Aqk, scale, num_chunk_slots, n, iv, h,
+    k, out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
+    ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, scale, num_chunk_slots, n, iv, h,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, CK: tl.constexpr, QK_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr,
 ):
     bos = tl.load(cu_seqlens + n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
@@ -61,40 +105,36 @@ def _state_pass(
     for start in range(0, seqlen, CHUNK):
         tmask = start + rc < seqlen
         rows = (bos + start + rc) * H + h
-        ws_rows = (h * num_chunk_slots + first_chunk + start // CHUNK) * CHUNK + rc
-        G = tl.load(ws_G + ws_rows[:, None] * K + rk[None, :])
+        gl_row = h * num_chunk_slots + first_chunk + start // CHUNK
+        ws_rows = gl_row * CHUNK + rc
         W = tl.load(ws_W + ws_rows[:, None] * K + rk[None, :])
+        qg = tl.load(ws_QG + ws_rows[:, None] * K + rk[None, :])
+        kd_t = tl.load(ws_KD + gl_row * CHUNK * K + rk[:, None] * CHUNK + rc[None, :])
         U = tl.load(ws_U + ws_rows[:, None] * V + rv[None, :])
         Aqk = tl.load(ws_Aqk + ws_rows[:, None] * CHUNK + rc[None, :])
-        qq = load_keys(q, rows, rk, tmask, K, QK_L2NORM)
-        kk = load_keys(k, rows, rk, tmask, K, QK_L2NORM)
-        G_last = row_of(G, rc, CHUNK - 1)
-        qg = qq * tl.exp(G)
-        kd = kk * tl.exp(G_last[None, :] - G)
+        decay = tl.load(ws_GL + gl_row * K + rk)
 
-        delta = U - tl.dot(W, state, input_precision=DOT_PRECISION)
-        o = tl.dot(qg, state, input_precision=DOT_PRECISION)
-        o = scale * (o + tl.dot(Aqk, delta, input_precision=DOT_PRECISION))
+        held = state.to(W.dtype)  # the dots' operand: fp32 (tf32 dots) or bf16
+        delta = U - mma(W, held, DOT_PRECISION, UPCAST_DOTS)
+        step = delta.to(W.dtype)
+        o = scale * (mma(qg, held, DOT_PRECISION, UPCAST_DOTS)
+                     + mma(Aqk, step, DOT_PRECISION, UPCAST_DOTS))
         tl.store(out + rows[:, None] * V + rv[None, :], o.to(out.dtype.element_ty),
                  mask=tmask[:, None])
-        new_state = tl.exp(G_last)[:, None] * state
-        new_state += tl.dot(tl.trans(kd), delta, input_precision=DOT_PRECISION)
+        new_state = decay[:, None] * state
+        new_state += mma(kd_t, step, DOT_PRECISION, UPCAST_DOTS)
 
-        end = start + CHUNK
-        hits = (ck_slots >= 0) & (ck_offsets > start) & (ck_offsets <= end)
+        hits = (ck_slots >= 0) & (ck_offsets > start) & (ck_offsets <= start + CHUNK)
         if tl.sum(hits.to(tl.int32), axis=0) > 0:
-            for c in tl.static_range(CK):
-                offset = pick(ck_offsets, rck, c)
-                slot = pick(ck_slots, rck, c)
-                if (slot >= 0) & (offset > start) & (offset <= end):
-                    p = offset - start
-                    Gp = row_of(G, rc, p - 1)
-                    kp = tl.where(rc[:, None] < p, kk * tl.exp(Gp[None, :] - G), 0.0)
-                    partial = tl.exp(Gp)[:, None] * state
-                    partial += tl.dot(tl.trans(kp), delta, input_precision=DOT_PRECISION)
-                    partial = tl.where(p == CHUNK, new_state, partial)
-                    tl.store(pool_tile(pool, slot, h, rk, rv, H, K, V), partial)
+            _stage_checkpoints(pool, ws_U, state, new_state, delta, ck_off, ck_idx, n, ws_rows,
+                               start, h, rk, rv, H, K, V, CHUNK, CK)
         state = new_state
+
+    tl.debug_barrier()
+    _finish_checkpoints(k, pool, ws_G, ws_U, ck_off, ck_idx, n, bos,
+                        (h * num_chunk_slots + first_chunk) * CHUNK, h, rk, rv, rc,
+                        ws_W.dtype.element_ty, H, K, V, CHUNK, CK, QK_L2NORM, DOT_PRECISION,
+                        UPCAST_DOTS)
 
     final_slot = tl.load(final_idx + n).to(tl.int64)
     if final_slot >= 0:
@@ -103,12 +143,12 @@ def _state_pass(
 
 @triton.jit
 def kda_state_pass_kernel(
-    q, k, out, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
-    ck_off, ck_idx, ws_G, ws_W, ws_U, ws_Aqk, err_ptr,
+    k, out, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
+    ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, err_ptr,
     scale, token_capacity, meta_capacity, num_chunk_slots,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, CK: tl.constexpr, QK_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FILL_ROWS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr, FILL_ROWS: tl.constexpr,
 ):
     n = tl.program_id(0)
     iv = tl.program_id(1)
@@ -117,7 +157,7 @@ def kda_state_pass_kernel(
         _fill_nan(out, n, iv, h, token_capacity, meta_capacity, H, V, BV, FILL_ROWS)
     elif n < tl.load(num_seqs_ptr):
         _state_pass(
-            q, k, out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-            ws_G, ws_W, ws_U, ws_Aqk, scale, num_chunk_slots, n, iv, h,
-            H, K, V, BV, CHUNK, CK, QK_L2NORM, DOT_PRECISION,
+            k, out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
+            ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, scale, num_chunk_slots, n, iv, h,
+            H, K, V, BV, CHUNK, CK, QK_L2NORM, DOT_PRECISION, UPCAST_DOTS,
         )

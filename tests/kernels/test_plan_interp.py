@@ -186,7 +186,7 @@ def test_support_report_keys_and_values():
     assert report["head_dims"] == [64, 128]
     assert set(report["gate_modes"]) == {"precomputed", "sigmoid", "softplus"}
     assert set(report["index_dtypes"]) == {"int32", "int64"}
-    assert report["chunk_size"] == 16
+    assert report["chunk_size"] == 32
     assert report["min_lower_bound"] == -5.0
     assert report["shared_memory_budget_bytes"] <= 99 * 1024
     assert report["interpreter"] is (not torch.cuda.is_available())

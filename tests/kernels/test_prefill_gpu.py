@@ -35,6 +35,7 @@ import torch
 
 from kdabench.inputs import make_inputs
 from kdabench.kernels import Caps, MetadataFault, bind, kda_prefill, plan, run
+from kdabench.kernels.config import CHUNK_SIZE
 from kdabench.oracles import assert_close, log_decay, prefix_batch, recurrent_kda, relative_error
 
 pytestmark = pytest.mark.gpu
@@ -42,7 +43,7 @@ pytestmark = pytest.mark.gpu
 OUTPUT_TOL = 5e-3
 STATE_TOL = 3e-3
 FLA_FACTOR = 1.5
-CHUNK = 16
+CHUNK = CHUNK_SIZE  # aligned offsets are its multiples
 CAPACITY = 4
 SENTINEL = 16384.0
 DEVICE = "cuda"
@@ -56,9 +57,9 @@ def round_up(value: int, multiple: int = 16) -> int:
 
 
 def token_capacity(num_tokens: int, num_seqs: int) -> int:
-    """Tokens to allocate: >= num_tokens, a multiple of 16, and with capacity / 16 + num_seqs
-    (the kernels' chunk-slot count) a multiple of 16 as well, so shapes share compilations."""
-    chunks = round_up(round_up(num_tokens) // CHUNK + num_seqs) - num_seqs
+    """Tokens to allocate: >= num_tokens, a multiple of the chunk, and with capacity / chunk +
+    num_seqs (the kernels' chunk-slot count) a multiple of 16, so shapes share compilations."""
+    chunks = round_up(round_up(num_tokens, CHUNK) // CHUNK + num_seqs) - num_seqs
     return chunks * CHUNK
 
 
