@@ -32,6 +32,15 @@ def read_bytes(path: str | os.PathLike, noun: str, error: type[Exception]) -> by
         raise error(f"{path}: cannot read ({exc.strerror})") from exc
 
 
+def load_data_file(path: str | os.PathLike | None, default: str, noun: str,
+                   error: type[Exception], parse: Any) -> Any:
+    """parse(bytes, origin=...) of the file at `path`, or of kdabench/data/`default` when
+    path is None (origin "default")."""
+    if path is None:
+        return parse(packaged_bytes(default), origin="default")
+    return parse(read_bytes(path, noun, error), origin=str(path))
+
+
 def parse_toml(raw: bytes | str, origin: str, error: type[Exception]) -> tuple[dict[str, Any], str]:
     """(document, sha256 of the bytes) of TOML text; `error` names `origin` and the line."""
     data = raw.encode("utf-8") if isinstance(raw, str) else raw

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kdabench.datafiles import packaged_bytes, parse_toml, read_bytes
+from kdabench.datafiles import load_data_file, parse_toml
 
 SCHEMA = "kdabench.matrix.v1"
 TIERS = ("cpu", "gpu")
@@ -282,10 +282,7 @@ def _expand_group(group: Mapping[str, Any], tolerances: Mapping[str, float]):
 
 def load_matrix(path: str | Path | None = None) -> Matrix:
     """Load and validate a matrix file; None loads the packaged default."""
-    if path is None:
-        return parse_matrix(packaged_bytes(DEFAULT_MATRIX), origin="default")
-    raw = read_bytes(path, "matrix file", MatrixError)
-    return parse_matrix(raw, origin=str(path))
+    return load_data_file(path, DEFAULT_MATRIX, "matrix file", MatrixError, parse_matrix)
 
 
 def parse_matrix(raw: bytes | str, *, origin: str = "matrix") -> Matrix:

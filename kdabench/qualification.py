@@ -185,9 +185,10 @@ def device_status(device: str | Any, backend: str,
     return qualification_status(name, backend, results_dir)
 
 
-def qualified_plan(caps: Any, policy: Any = None, *, require: bool = False,
+def qualified_plan(caps: Any, config: Any = None, *, require: bool = False,
                    results_dir: str | os.PathLike | None = None) -> tuple[Any, QualificationStatus]:
-    """kdabench.kernels.plan(caps, policy) with its qualification status.
+    """kdabench.kernels.plan(caps, config) with its qualification status (config None: the
+    policy catalog resolves one, as plan() does).
 
     require=True refuses (NotQualifiedError, with the reason) a device that results/ does not
     qualify for caps.backend with the installed kernel sources.
@@ -197,4 +198,4 @@ def qualified_plan(caps: Any, policy: Any = None, *, require: bool = False,
     status = device_status(caps.device, caps.backend, results_dir)
     if require and not status.qualified:
         raise NotQualifiedError(f"{caps.device} is not qualified for {caps.backend}: {status.reason}")
-    return plan(caps, policy), status
+    return plan(caps, config), status

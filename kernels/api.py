@@ -7,11 +7,13 @@ captured in a CUDA graph once and replayed with new lengths, offsets and slot in
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
+from .catalog import config_problems
 from .config import (
     BACKENDS,
     CAPACITIES,
@@ -23,7 +25,7 @@ from .config import (
     KernelConfig,
 )
 from .errors import KdaMetadataError, decode_error_code
-from .policy import heuristic_config
+from .policy import PolicyMode, resolve_config, resolve_mode
 from .triton import launch
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -53,7 +55,12 @@ class KdaResult(NamedTuple):
 
 @dataclass(frozen=True)
 class Plan:
-    """A validated, frozen plan; it owns the workspaces every run of it uses."""
+    """A validated, frozen plan; it owns the workspaces every run of it uses.
+
+    config: the kernel config it runs with; config_source: where that came from, one line
+    ("explicit", "profile nvidia-h200.json (query v1 ...)", "heuristic (no profile entry for
+    query v1 ...)"); policy_mode: the mode it was resolved under.
+    """
 
     caps: Caps
     device: torch.device
@@ -64,6 +71,7 @@ class Plan:
     num_seqs: torch.Tensor = field(repr=False)
     output: torch.Tensor | None = field(repr=False)
     workspaces: dict[str, torch.Tensor] = field(repr=False)
+    policy_mode: str = PolicyMode.AUTO.value
 
 
 @dataclass(frozen=True)
@@ -118,18 +126,40 @@ def ineligibility(caps: Caps) -> list[str]:
     return reasons
 
 
-def plan(caps: Caps, policy: KernelConfig | None = None, *, own_output: bool = True) -> Plan:
+def plan(
+    caps: Caps,
+    config: KernelConfig | None = None,
+    *,
+    policy_mode: str | PolicyMode | None = None,
+    activation_dtype: torch.dtype = torch.bfloat16,
+    profile_dir: str | os.PathLike | None = None,
+    own_output: bool = True,
+) -> Plan:
     """Validate caps once, resolve the kernel config, and allocate the plan's workspaces.
 
+    config: an explicit KernelConfig (config_source "explicit"); None resolves one through
+    the policy catalog (kernels/policy.py) under policy_mode: "AUTO" (the device's profile
+    entry, else the heuristic), "HEURISTIC_ONLY" or "PREPLANNED_ONLY" (KdaPolicyError when
+    no profile entry matches); default $KDABENCH_POLICY_MODE, else AUTO.
+    activation_dtype: the dtype of q, k, v the plan will be bound to (part of the query).
+    profile_dir: the profile folder (default $KDABENCH_PROFILE_DIR, else the packaged one).
     own_output: allocate a bf16 output of the full capacity for bindings that bring none.
     """
     reasons = ineligibility(caps)
     if reasons:
         raise KdaConfigError("cannot plan this KDA prefill: " + "; ".join(reasons))
     device = _concrete(torch.device(caps.device))
-    config, source = (policy, "caller") if policy is not None else (heuristic_config(caps), "heuristic")
-    if caps.head_dim % config.block_v:
-        raise KdaConfigError(f"block_v {config.block_v} does not divide head_dim {caps.head_dim}")
+    mode = resolve_mode(policy_mode)
+    if config is not None:
+        source = "explicit"
+    else:
+        resolved = resolve_config(caps, activation_dtype=activation_dtype, mode=mode,
+                                  directory=profile_dir)
+        config, source = resolved.config, resolved.source
+    problems = config_problems(config, caps.head_dim)
+    if problems:
+        raise KdaConfigError(f"kernel config ({source}) cannot run head_dim "
+                             f"{caps.head_dim}: " + "; ".join(problems))
     return Plan(
         caps=caps,
         device=device,
@@ -141,7 +171,9 @@ def plan(caps: Caps, policy: KernelConfig | None = None, *, own_output: bool = T
         output=torch.empty(caps.max_tokens, caps.num_heads, caps.head_dim,
                            dtype=torch.bfloat16, device=device) if own_output else None,
         workspaces=launch.allocate_workspaces(caps.num_heads, caps.head_dim, caps.max_tokens,
-                                              caps.max_seqs, config.chunk_size, device),
+                                              caps.max_seqs, config.chunk_size, device,
+                                              config.operand_dtype),
+        policy_mode=mode.value,
     )
 
 
@@ -287,6 +319,7 @@ def kda_prefill(
     qk_l2norm: bool = False,
     beta_sigmoid: bool = False,
     out: torch.Tensor | None = None,
+    policy_mode: str | None = None,
 ) -> KdaResult:
     """KDA chunked prefill over a packed batch, exporting interior checkpoints into the pool.
 
@@ -299,6 +332,8 @@ def kda_prefill(
     writes the state after the first `offset` tokens of sequence n (1 <= offset <= len - 1) into
     slot `index`; -1 marks an inactive entry. Returns KdaResult(o [T, H, V], error_code): on
     bad metadata the error code has its bits set, o is all NaN and the pool is untouched.
+    policy_mode: how the kernel config is resolved ("AUTO", "HEURISTIC_ONLY",
+    "PREPLANNED_ONLY"; default $KDABENCH_POLICY_MODE, else AUTO), as in plan().
     """
     if checkpoint_offsets is None:
         capacity = 1
@@ -317,7 +352,7 @@ def kda_prefill(
         qk_l2norm=qk_l2norm,
         beta_sigmoid=beta_sigmoid,
     )
-    planned = plan(caps, own_output=False)
+    planned = plan(caps, policy_mode=policy_mode, activation_dtype=q.dtype, own_output=False)
     if out is None:
         out = torch.empty(v.shape, dtype=v.dtype if v.dtype in ACTIVATION_DTYPES
                           else torch.bfloat16, device=v.device)

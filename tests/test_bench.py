@@ -5,6 +5,7 @@ fla's call through a stand-in)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from pathlib import Path
@@ -73,6 +74,7 @@ class FakeBackend:
         self.fla_reason, self.output_error = fla_reason, output_error
         self.fla_graph, self.fail_prepare, self._unavailable = fla_graph, fail_prepare, unavailable
         self.released = 0
+        self.policy_modes = []
 
     def unavailable(self):
         return self._unavailable
@@ -86,7 +88,8 @@ class FakeBackend:
     def ceilings(self):
         return Ceilings(4.0e12, 7.0e14, {"copy": {"samples_ms": [1.0]}})
 
-    def prepare(self, shape, shapes, kernels, modes):
+    def prepare(self, shape, shapes, kernels, modes, policy_mode=None):
+        self.policy_modes.append(policy_mode)
         if self.fail_prepare:
             raise RuntimeError("out of fake memory")
         scale = shape.tokens * shape.heads / 1024
@@ -119,7 +122,9 @@ class FakeBackend:
         return Prepared(input_sets=3, input_set_bytes=count_bytes(
             shape.tokens, shape.heads, shapes.head_dim, shape.seqs),
             calls={k: calls(k) for k in kernels}, outputs=outputs, check=list,
-            release=release)
+            release=release, details={"kernel_configs": {
+                k: {"kernel_config": {"block_v": 32}, "config_source": f"fake ({policy_mode})",
+                    "policy_mode": policy_mode} for k in kernels if k != FLA}})
 
 
 @pytest.fixture
@@ -435,3 +440,95 @@ def test_fla_call_passes_the_documented_arguments():
 def test_fake_timer_median_is_nominal():
     samples = fake_timer([lambda: 2.0] * 3, 0, 11)
     assert statistics.median(samples) == 2.0
+
+
+# --------------------------------------------------------------------------- policy modes
+
+
+def test_the_policy_mode_reaches_the_plans_and_the_receipt(tmp_path, tiny):
+    backend = FakeBackend()
+    result = run_fake(tmp_path, tiny, backend=backend, plot=False, policy_mode="heuristic-only")
+    assert backend.policy_modes == ["HEURISTIC_ONLY", "HEURISTIC_ONLY"]
+    receipt = load_receipt(result.receipt_path)
+    assert receipt["config"]["policy_mode"] == "HEURISTIC_ONLY"
+    resolved = receipt["cases"][0]["kernel_configs"]
+    assert set(resolved) == {KDABENCH, KDABENCH_C1}
+    assert resolved[KDABENCH]["config_source"] == "fake (HEURISTIC_ONLY)"
+    assert result.to_dict()["policy_mode"] == "HEURISTIC_ONLY"
+    assert result.to_dict()["shapes"][0]["config_sources"][KDABENCH_C1] == \
+        "fake (HEURISTIC_ONLY)"
+
+
+def test_the_policy_mode_defaults_to_the_environment_then_auto(tmp_path, tiny, monkeypatch):
+    monkeypatch.delenv("KDABENCH_POLICY_MODE", raising=False)
+    assert Bench(tiny, backend=FakeBackend(), out_dir=tmp_path).policy_mode == "AUTO"
+    monkeypatch.setenv("KDABENCH_POLICY_MODE", "PREPLANNED_ONLY")
+    assert Bench(tiny, backend=FakeBackend(), out_dir=tmp_path).policy_mode == \
+        "PREPLANNED_ONLY"
+    assert Bench(tiny, backend=FakeBackend(), out_dir=tmp_path,
+                 policy_mode="AUTO").policy_mode == "AUTO"
+    with pytest.raises(BenchError, match="--policy-mode: policy_mode 'fast' is not a policy "
+                       "mode"):
+        Bench(tiny, backend=FakeBackend(), policy_mode="fast")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="plans on the CPU under the interpreter")
+def test_kdabench_runs_plan_under_the_policy_mode():
+    from kdabench import kernels
+    from kdabench.inputs import make_inputs
+
+    shape = BenchShape(64, 1, 2)
+    sets = [make_inputs(shape.lengths, 1, 64, seed=5)]
+    device = torch.device("cpu")
+    plan, _ = bench_cuda.kdabench_runs(kernels, sets, shape, 4, device,
+                                       policy_mode="HEURISTIC_ONLY")
+    assert bench_cuda.plan_record(plan) == {
+        "kernel_config": dataclasses.asdict(plan.config),
+        "config_source": "heuristic (policy mode HEURISTIC_ONLY)",
+        "policy_mode": "HEURISTIC_ONLY"}
+    with pytest.raises(kernels.KdaPolicyError, match="no profile entry for query v1 heads=1 "
+                       "head_dim=64 dtype=bfloat16 capacity=4"):
+        bench_cuda.kdabench_runs(kernels, sets, shape, 4, device, policy_mode="PREPLANNED_ONLY")
+    tuned = kernels.KernelConfig(block_v=64)
+    plan, _ = bench_cuda.kdabench_runs(kernels, sets, shape, 2, device, config=tuned)
+    assert (plan.config, plan.config_source) == (tuned, "explicit")
+    assert bench_cuda.checkpoint_offsets(30, 2) == [10, 20]
+
+
+@pytest.mark.gpu
+def test_cuda_backend_records_what_its_plans_resolved(tiny):
+    backend = bench_cuda.CudaBackend()
+    prepared = backend.prepare(tiny.shapes[0], tiny, [KDABENCH, KDABENCH_C1], ["eager"],
+                               policy_mode="HEURISTIC_ONLY")
+    try:
+        resolved = prepared.details["kernel_configs"]
+        assert set(resolved) == {KDABENCH, KDABENCH_C1}
+        for entry in resolved.values():
+            assert entry["config_source"] == "heuristic (policy mode HEURISTIC_ONLY)"
+            assert entry["policy_mode"] == "HEURISTIC_ONLY" and "block_v" in entry["kernel_config"]
+    finally:
+        prepared.release()
+
+
+class FakeGraph:
+    """A graph whose replay writes `value` into the captured output (as a real replay would)."""
+
+    def __init__(self, output: torch.Tensor, value: torch.Tensor | None):
+        self.output, self.value = output, value
+
+    def replay(self) -> None:
+        if self.value is not None:
+            self.output.copy_(self.value)
+
+
+@pytest.mark.parametrize(("replayed", "ok"), [("same", True), ("nothing", False),
+                                              ("other", False)])
+def test_a_graph_replay_must_reproduce_the_eager_output(replayed, ok):
+    eager = torch.randn(8, 4)
+    captured = (torch.randn(8, 4), torch.zeros(2))  # (o, final) as fla returns them
+    value = {"same": eager, "nothing": None, "other": eager * 1.01}[replayed]
+    problem = bench_cuda.replay_problem(FakeGraph(captured[0], value), captured,
+                                        lambda: (eager.clone(), torch.zeros(2)))
+    assert (problem is None) == ok
+    if not ok:
+        assert "graph replay output differs from an eager call" in problem

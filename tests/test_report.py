@@ -234,7 +234,8 @@ def test_the_committed_receipts_are_reported_with_every_case_and_a_plot(tmp_path
 
 
 def test_the_committed_qualify_receipt_summary_counts_its_172_cases(tmp_path: Path):
-    result = build_report([RESULTS / "qualify-nvidia-h200-20261202T170143.json"], tmp_path)
+    (committed,) = RESULTS.glob("qualify-nvidia-h200-*.json")
+    result = build_report([committed], tmp_path)
     text = result.markdown_path.read_text(encoding="utf-8")
     assert "| accuracy | 79 | 79 | 0 | 0 | 0 |" in text
     assert "| fault | 36 | 36 | 0 | 0 | 0 |" in text

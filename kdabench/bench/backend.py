@@ -72,5 +72,7 @@ class Backend(Protocol):
         """Measure the copy bandwidth and the bf16 matmul rate."""
 
     def prepare(self, shape: BenchShape, shapes: ShapeSet, kernels: Sequence[str],
-                modes: Sequence[str]) -> Prepared:
-        """Allocate inputs, bind and warm the kernels, capture graphs for ``modes``."""
+                modes: Sequence[str], policy_mode: str | None = None) -> Prepared:
+        """Allocate inputs, bind and warm the kernels, capture graphs for ``modes``; the
+        kdabench plans resolve their configs under ``policy_mode`` and ``details`` carries
+        ``kernel_configs`` = {kernel: {kernel_config, config_source, policy_mode}}."""

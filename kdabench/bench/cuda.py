@@ -10,13 +10,17 @@ Kernels. kdabench runs through the planned API: one plan per capacity (its works
 shared by the sets), a binding per input set with its own state pool and output; eager
 calls are ``run(binding)`` and graphs capture that call once per set. The pool of a
 sequence n holds its initial state in slot n (read), its final state goes to slot N + n and
-its checkpoints to slots 2N + 4n ... (written), so every run reads the same inputs.
-Capacity 4: offsets L/5, 2L/5, 3L/5 + 3, 4L/5 + 3 of each sequence of L tokens; capacity 1:
-one offset at L/2. fla: ``chunk_kda(q[None], k[None], v[None], g[None], beta[None],
+its checkpoints to slots 2N + 4n ... (written), so every run reads the same inputs. Each plan
+resolves its kernel config under the bench's policy mode; the config, its source and the mode
+go into the case record (``kernel_configs``).
+Capacity 4: offsets L/5, 2L/5, 3L/5 + 3, 4L/5 + 3 of each sequence of L tokens; capacity 2
+(tuning): L/3 and 2L/3; capacity 1: one offset at L/2. fla: ``chunk_kda(q[None], k[None], v[None], g[None], beta[None],
 initial_state=S0 [N, H, K, V], output_final_state=True, cu_seqlens=int64, safe_gate=True,
 lower_bound=...)`` under ``torch.inference_mode()``; its graph is captured with
 ``use_graph=True, max_num_seqs=N`` (fla's graph mode), else plainly, else not at all (the
-reason is recorded).
+reason is recorded). Every capture is checked before it is timed: the captured output is zeroed
+and one replay must reproduce an eager call's output (:func:`replay_problem`); a capture that
+does not is refused, with the reason, rather than timed.
 """
 
 from __future__ import annotations
@@ -74,6 +78,8 @@ def checkpoint_offsets(seq_len: int, capacity: int) -> list[int]:
     """The active checkpoint offsets of one sequence (module docstring)."""
     if capacity == 1:
         return [seq_len // 2]
+    if capacity == 2:
+        return [seq_len // 3, 2 * seq_len // 3]
     offsets = [seq_len // 5, 2 * seq_len // 5, 3 * seq_len // 5 + 3, 4 * seq_len // 5 + 3]
     if not (1 <= offsets[0] and all(a < b for a, b in itertools.pairwise(offsets))
             and offsets[-1] <= seq_len - 1):
@@ -92,14 +98,21 @@ class KdabenchRun:
 
 
 def kdabench_runs(kernels: Any, sets: Sequence[KdaInputs], shape: BenchShape, capacity: int,
-                  device: torch.device) -> tuple[Any, list[KdabenchRun]]:
-    """A plan for ``capacity`` and a binding per input set (module docstring)."""
-    heads, dim, n = shape.heads, sets[0].q.shape[2], shape.seqs
+                  device: torch.device, *, config: Any = None, policy_mode: str | None = None
+                  ) -> tuple[Any, list[KdabenchRun]]:
+    """A plan for ``capacity`` and a binding per input set (module docstring).
+
+    config: an explicit KernelConfig (tuning); else the plan resolves one under policy_mode.
+    """
+    first = sets[0]
+    heads, dim, n = shape.heads, first.q.shape[2], shape.seqs
     slots = n * (2 + CHECKPOINTS)
     caps = kernels.Caps(device=device, num_heads=heads, head_dim=dim, max_tokens=shape.tokens,
                         max_seqs=n, max_state_slots=slots, max_checkpoints=capacity,
-                        lower_bound=sets[0].lower_bound)
-    plan = kernels.plan(caps, own_output=False)
+                        gate=first.gate, lower_bound=first.lower_bound,
+                        qk_l2norm=first.qk_l2norm, beta_sigmoid=first.beta_sigmoid)
+    plan = kernels.plan(caps, config, policy_mode=policy_mode, activation_dtype=first.q.dtype,
+                        own_output=False)
 
     def index(values: list) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
@@ -119,10 +132,19 @@ def kdabench_runs(kernels: Any, sets: Sequence[KdaInputs], shape: BenchShape, ca
             cu_seqlens=x.cu_seqlens.to(torch.int32),
             initial_state_indices=index(list(range(n))), final_state_indices=final_slots,
             checkpoint_offsets=index(ck_offsets), checkpoint_state_indices=index(ck_slots),
-            out=torch.empty_like(x.v),
+            A_log=x.A_log, dt_bias=x.dt_bias, out=torch.empty_like(x.v),
         )
         runs.append(KdabenchRun(binding, pool, final_slots))
     return plan, runs
+
+
+REPLAY_TOLERANCE = 1e-3  # a replay recomputes the eager call on the same inputs
+
+
+def plan_record(plan: Any) -> dict[str, Any]:
+    """What a receipt says of a plan's config: the config, its source and the policy mode."""
+    return {"kernel_config": dataclasses.asdict(plan.config),
+            "config_source": plan.config_source, "policy_mode": plan.policy_mode}
 
 
 def fla_call(chunk_kda: Callable, x: KdaInputs, *, graph_mode: bool = False
@@ -139,6 +161,30 @@ def fla_call(chunk_kda: Callable, x: KdaInputs, *, graph_mode: bool = False
                              cu_seqlens=cu_seqlens, safe_gate=True, lower_bound=x.lower_bound,
                              **extra)
     return call
+
+
+def replay_problem(graph: Any, captured: Any, call: Callable[[], Any],
+                   tolerance: float = REPLAY_TOLERANCE) -> str | None:
+    """None when a replay of ``graph`` rewrites its captured output with what an eager ``call``
+    returns (the first tensor of each); else why not. The captured output is zeroed first, so a
+    graph that skips the work is caught, not timed."""
+    expected = _first_tensor(call()).float().clone()
+    _first_tensor(captured).zero_()
+    graph.replay()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    got = _first_tensor(captured).float()
+    norm = float(expected.norm())
+    error = float((got - expected).norm()) / (norm or 1.0)
+    if error <= tolerance:
+        return None
+    return (f"graph replay output differs from an eager call (relative error {error:.2e} > "
+            f"{tolerance:.0e}): graph timing not taken")
+
+
+def _first_tensor(result: Any) -> torch.Tensor:
+    """The output tensor of a call: the tensor itself or the first element of a tuple."""
+    return result if isinstance(result, torch.Tensor) else result[0]
 
 
 def import_fla() -> tuple[Callable | None, str | None]:
@@ -202,7 +248,7 @@ class CudaBackend:
         )
 
     def prepare(self, shape: BenchShape, shapes: ShapeSet, kernels: Sequence[str],
-                modes: Sequence[str]) -> Prepared:
+                modes: Sequence[str], policy_mode: str | None = None) -> Prepared:
         from kdabench import kernels as kda
 
         device = torch.device("cuda", torch.cuda.current_device())
@@ -214,18 +260,23 @@ class CudaBackend:
         calls: dict[str, KernelCalls] = {}
         plans: list[Any] = []
         kda_runs: dict[str, list[KdabenchRun]] = {}
+        resolved: dict[str, dict[str, Any]] = {}
         for name, capacity in ((KDABENCH, CHECKPOINTS), (KDABENCH_C1, 1)):
             if name not in kernels:
                 continue
-            plan, runs = kdabench_runs(kda, sets, shape, capacity, device)
+            plan, runs = kdabench_runs(kda, sets, shape, capacity, device,
+                                       policy_mode=policy_mode)
             plans.append(plan)
+            resolved[name] = plan_record(plan)
             kda_runs[name] = runs
             eager = [(lambda b=r.binding: kda.run(b)) for r in runs]
             calls[name] = KernelCalls(eager=eager)
             if "graph" in modes:
-                graphs = [capture_graph(call) for call in eager]
-                calls[name].graph = [graph.replay for graph in graphs]
-                calls[name].graph_note = "plan/bind once per input set; run(binding) captured"
+                captured = [capture_graph(call) for call in eager]
+                problem = replay_problem(*captured[0], eager[0])
+                calls[name].graph = None if problem else [graph.replay for graph, _ in captured]
+                calls[name].graph_note = problem or \
+                    "plan/bind once per input set; run(binding) captured; replay checked"
         fla_calls: list[Callable] = []
         if FLA in kernels:
             chunk_kda = self._fla
@@ -270,7 +321,7 @@ class CudaBackend:
 
         return Prepared(input_sets=count, input_set_bytes=set_bytes, calls=calls,
                         outputs=outputs, check=check, release=release,
-                        details={"l2_bytes": self.l2_bytes()})
+                        details={"l2_bytes": self.l2_bytes(), "kernel_configs": resolved})
 
 
 def _capture_fla(chunk_kda: Callable, sets: Sequence[KdaInputs]
@@ -279,17 +330,21 @@ def _capture_fla(chunk_kda: Callable, sets: Sequence[KdaInputs]
     failures = []
     for graph_mode, label in ((True, "use_graph=True"), (False, "plain call")):
         try:
-            graphs = [capture_graph(fla_call(chunk_kda, x, graph_mode=graph_mode))
-                      for x in sets]
+            captured = [capture_graph(fla_call(chunk_kda, x, graph_mode=graph_mode))
+                        for x in sets]
         except Exception as error:  # noqa: BLE001 - a failed capture is recorded, not fatal
             failures.append(f"{label}: {type(error).__name__}: {str(error)[:200]}")
             with contextlib.suppress(Exception):  # a broken capture may leave an error behind
                 torch.cuda.synchronize()
             continue
-        note = f"captured with {label}"
+        problem = replay_problem(*captured[0], fla_call(chunk_kda, sets[0]))
+        if problem:
+            failures.append(f"{label}: {problem}")
+            continue
+        note = f"captured with {label}; replay checked"
         if failures:
             note += " (" + "; ".join(failures) + ")"
-        return [graph.replay for graph in graphs], note
+        return [graph.replay for graph, _ in captured], note
     return None, "fla graph capture failed: " + "; ".join(failures)
 
 

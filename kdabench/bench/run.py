@@ -28,8 +28,11 @@ Receipt (kind "bench"): one case per shape with the fields :mod:`kdabench.report
 {kernel: {median_ms, samples_ms}}; primary is graph when measured, else eager) plus
 ``modes`` = {mode: {kernel: {median_ms, samples_ms, tokens_per_s, to_floor}}},
 ``ratio_fla_over_kdabench``, ``export_overhead`` = {mode: value}, ``floor``, ``sanity``,
-``graph_notes``, ``input_sets``. The config holds the options, the shapes file, the
-ceilings, the formulas, and at the end ``bench_summary`` (medians over the shapes).
+``graph_notes``, ``input_sets``, and ``kernel_configs`` = {kernel: {kernel_config,
+config_source, policy_mode}} (what each kdabench plan resolved). The config holds the
+options (``policy_mode`` among them: AUTO, HEURISTIC_ONLY or PREPLANNED_ONLY, see
+kdabench.kernels.policy), the shapes file, the ceilings, the formulas, and at the end
+``bench_summary`` (medians over the shapes).
 """
 
 from __future__ import annotations
@@ -147,6 +150,7 @@ class BenchResult:
             "ok": self.ok, "receipt": str(self.receipt_path), "sha256": self.receipt["sha256"],
             "status": self.receipt["status"], "device": self.receipt["device"].get("name"),
             "modes": self.receipt["config"]["modes"], "fla_skipped": self.fla_skipped,
+            "policy_mode": self.receipt["config"].get("policy_mode"),
             "ceilings": {k: self.receipt["config"]["ceilings"].get(k)
                          for k in ("copy_bytes_per_s", "matmul_flops_per_s")},
             "summary": self.summary, "plots": [str(p) for p in self.plots],
@@ -158,6 +162,8 @@ class BenchResult:
                         "ratio_fla_over_kdabench": c.get("ratio_fla_over_kdabench"),
                         "export_overhead": c.get("export_overhead"),
                         "floor_ms": c.get("floor_ms"),
+                        "config_sources": {k: v.get("config_source") for k, v in
+                                           (c.get("kernel_configs") or {}).items()},
                         "sanity": c.get("sanity")} for c in self.cases],
         })
 
@@ -170,7 +176,7 @@ class Bench:
                  against: str = "fla", modes: Sequence[str] = MODES, reps: int = DEFAULT_REPS,
                  warmup: int = DEFAULT_WARMUP, out_dir: str | os.PathLike | None = None,
                  plot: bool = True, command_line: Sequence[str] | None = None,
-                 created_at: str | None = None) -> None:
+                 created_at: str | None = None, policy_mode: str | None = None) -> None:
         if against not in AGAINST:
             raise BenchError(f"--against must be one of {', '.join(AGAINST)}, got {against!r}")
         modes = list(dict.fromkeys(modes))
@@ -180,6 +186,7 @@ class Bench:
                              f"{','.join(modes) or 'nothing'}")
         if reps < 1 or warmup < 0:
             raise BenchError(f"--reps must be >= 1 (got {reps}) and warmup >= 0 (got {warmup})")
+        self.policy_mode = _policy_mode(policy_mode)
         if backend is None:
             from kdabench.bench.cuda import CudaBackend
 
@@ -208,7 +215,7 @@ class Bench:
             "shapes_sha256": self.shapes.sha256, "shapes": self.shapes.document,
             "against": self.against, "fla_skipped": self.fla_skipped,
             "kernels": self.kernels, "modes": self.modes, "primary_mode": self.primary_mode,
-            "reps": self.reps, "warmup": self.warmup,
+            "reps": self.reps, "warmup": self.warmup, "policy_mode": self.policy_mode,
             "ceilings": ceilings.to_dict(), "bytes_formula": BYTES_FORMULA,
             "flops_formula": FLOPS_FORMULA, "sanity_tolerance": SANITY_TOLERANCE,
             "definitions": {
@@ -266,7 +273,8 @@ class Bench:
         notes: list[str] = []
         prepared = None
         try:
-            prepared = self.backend.prepare(shape, self.shapes, self.kernels, self.modes)
+            prepared = self.backend.prepare(shape, self.shapes, self.kernels, self.modes,
+                                            policy_mode=self.policy_mode)
             record.update(input_sets=prepared.input_sets,
                           input_set_bytes=prepared.input_set_bytes, **prepared.details)
             record["sanity"] = sanity = self.sanity(prepared.outputs())
@@ -319,6 +327,16 @@ class Bench:
         if ours is not None and KDABENCH_C1 in outputs.output:
             found["c1_vs_c4_output"] = relative_error(outputs.output[KDABENCH_C1], ours)
         return found
+
+
+def _policy_mode(mode: str | None) -> str:
+    """The policy mode the plans resolve their configs under (argument, env, AUTO)."""
+    from kdabench.kernels import KdaPolicyError, resolve_mode
+
+    try:
+        return resolve_mode(mode).value
+    except KdaPolicyError as error:
+        raise BenchError(f"--policy-mode: {error}") from error
 
 
 def _default_out_dir() -> Path:

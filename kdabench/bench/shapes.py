@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kdabench.datafiles import packaged_bytes, parse_toml, read_bytes
+from kdabench.datafiles import load_data_file, parse_toml
 
 SCHEMA = "kdabench.bench-shapes.v1"
 DEFAULT_SHAPES = "bench-shapes.toml"  # in kdabench/data/
@@ -73,10 +73,7 @@ class ShapeSet:
 
 def load_shapes(path: str | Path | None = None) -> ShapeSet:
     """Load and validate a shapes file; None loads the packaged default."""
-    if path is None:
-        return parse_shapes(packaged_bytes(DEFAULT_SHAPES), origin="default")
-    raw = read_bytes(path, "shapes file", ShapesError)
-    return parse_shapes(raw, origin=str(path))
+    return load_data_file(path, DEFAULT_SHAPES, "shapes file", ShapesError, parse_shapes)
 
 
 def parse_shapes(raw: bytes | str, *, origin: str = "shapes") -> ShapeSet:

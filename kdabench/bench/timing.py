@@ -42,8 +42,9 @@ def cuda_event_timer(calls: Sequence[Callable[[], Any]], warmup: int, reps: int)
     return [round(start.elapsed_time(end), 5) for start, end in zip(starts, ends, strict=True)]
 
 
-def capture_graph(call: Callable[[], Any], warmups: int = 3):
-    """A CUDA graph of ``call``: warmed up on a side stream first, then captured once."""
+def capture_graph(call: Callable[[], Any], warmups: int = 3) -> tuple[Any, Any]:
+    """A CUDA graph of ``call`` and what the captured call returned (its static outputs):
+    warmed up on a side stream first, then captured once."""
     import torch
 
     side = torch.cuda.Stream()
@@ -55,6 +56,6 @@ def capture_graph(call: Callable[[], Any], warmups: int = 3):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        call()
+        output = call()
     torch.cuda.synchronize()
-    return graph
+    return graph, output

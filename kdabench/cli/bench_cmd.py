@@ -40,8 +40,12 @@ def _modes(text: str) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("--plot/--no-plot", default=True, show_default=True,
               help="Draw time against T per mode as PNGs beside the receipt.")
+@click.option("--policy-mode", metavar="AUTO|HEURISTIC_ONLY|PREPLANNED_ONLY", default=None,
+              help="How kdabench's plans pick their kernel config: the device's profile "
+              "entry else the heuristic (AUTO), the heuristic alone, or profile entries alone "
+              "(a shape without one errors). Default: $KDABENCH_POLICY_MODE, else AUTO.")
 def bench(shapes_path: Path | None, against: str, modes_text: str, reps: int,
-          out_dir: Path | None, as_json: bool, plot: bool) -> None:
+          out_dir: Path | None, as_json: bool, plot: bool, policy_mode: str | None) -> None:
     """Time kdabench against fla's chunk_kda per shape and write a receipt (kind "bench").
 
     Per shape, on the same inputs in one process: fla (its final state), kdabench with
@@ -52,6 +56,8 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, reps: int,
     Also per shape: fla/kdabench, tokens/s, the floor (bytes over the copy bandwidth, FLOPs
     over the bf16 matmul rate, both measured in this run) and the distance to it, and a
     sanity check of kdabench's output against fla's (fails above 5e-2). Needs a CUDA GPU.
+    The receipt records the policy mode and, per shape, each kdabench plan's kernel config
+    and where it came from (run once per --policy-mode to compare profile and heuristic).
 
     Exit 0 when it ran (speed targets are reported, not asserted); 1 when a sanity check
     fails or a shape errors; 2 for bad input (a shapes file that does not load, bad
@@ -63,7 +69,7 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, reps: int,
     with user_errors(ShapesError, BenchError):
         shapes = load_shapes(shapes_path)
         run = Bench(shapes, against=against, modes=_modes(modes_text), reps=reps,
-                    out_dir=out_dir, plot=plot)
+                    out_dir=out_dir, plot=plot, policy_mode=policy_mode)
     if run.fla_skipped:
         print_error(f"fla comparison skipped: {run.fla_skipped}", style="bold yellow")
     result = _run_with_progress(console, run)
@@ -82,8 +88,8 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, reps: int,
 
 def _run_with_progress(console: Console, run) -> Any:
     console.print(f"bench · {len(run.shapes.shapes)} shapes · kernels {', '.join(run.kernels)}"
-                  f" · modes {', '.join(run.modes)} · {run.reps} reps · receipt in "
-                  f"{escape(str(run.out_dir))}")
+                  f" · modes {', '.join(run.modes)} · {run.reps} reps · policy "
+                  f"{run.policy_mode} · receipt in {escape(str(run.out_dir))}")
     return run_cases_with_progress(console, run, total=len(run.shapes.shapes),
                                    first="measuring the ceilings", label=lambda s: s.label,
                                    receipt=f"in {run.out_dir}")
@@ -99,6 +105,19 @@ def _times(value: Any, suffix: str = "x") -> str:
 
 def _percent(value: Any) -> str:
     return "-" if not isinstance(value, (int, float)) else f"{100 * value:+.1f}%"
+
+
+def _config_sources(result) -> str:
+    """One line: the policy mode and how many plans took their config from where."""
+    counts: dict[str, int] = {}
+    for case in result.cases:
+        for entry in (case.get("kernel_configs") or {}).values():
+            source = str(entry.get("config_source") or "unknown")
+            kind = source.split(" (")[0]  # "profile nvidia-h200.json", "heuristic", "explicit"
+            counts[kind] = counts.get(kind, 0) + 1
+    found = ", ".join(f"{count} from {escape(kind)}" for kind, count in counts.items())
+    return (f"policy {result.receipt['config'].get('policy_mode')}: kernel configs "
+            f"{found or 'not recorded'}")
 
 
 def _render(console: Console, result) -> None:
@@ -139,6 +158,7 @@ def _render(console: Console, result) -> None:
                       f" (min {_times(row['min_ratio_fla_over_kdabench'])}) · median export "
                       f"overhead {_percent(row['median_export_overhead'])} · median kdabench/"
                       f"floor {_times(row['median_kdabench_to_floor'])}")
+    console.print(_config_sources(result))
     for case in result.cases:
         if case.get("message"):
             console.print(f"[yellow]{escape(case['id'])}[/yellow]: {escape(case['message'])}")

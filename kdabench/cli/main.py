@@ -17,6 +17,7 @@ from kdabench.cli import (
     report_cmd,
     serve_local_cmd,
     serve_sweep_cmd,
+    tune_cmd,
     verify_cmd,
 )
 from kdabench.cli.errors import (
@@ -86,6 +87,7 @@ cli.add_command(serve_local_cmd.serve_local)
 cli.add_command(report_cmd.report)
 cli.add_command(compare_cmd.compare)
 cli.add_command(bench_cmd.bench)
+cli.add_command(tune_cmd.tune)
 
 
 def main() -> None:

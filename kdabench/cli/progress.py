@@ -14,11 +14,13 @@ from kdabench.cli.errors import UserError, print_error
 
 
 def run_cases_with_progress(console: Console, run: Any, *, total: int, first: str,
-                            label: Callable[[Any], str], receipt: str) -> Any:
+                            label: Callable[[Any], str], receipt: str,
+                            artifact: str = "receipt") -> Any:
     """run.run(on_start=, on_case=) under a progress bar; failures printed as they come.
 
     label: the bar's text for the item starting; receipt: where the (partial) receipt goes,
-    named on Ctrl-C (exit 130) and when it cannot be written (exit 2).
+    named on Ctrl-C (exit 130) and when it cannot be written (exit 2); artifact: what the
+    run writes there ("receipt", "profile").
     """
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
@@ -38,10 +40,11 @@ def run_cases_with_progress(console: Console, run: Any, *, total: int, first: st
             result = run.run(on_start=on_start, on_case=on_case)
         except KeyboardInterrupt:
             progress.stop()
-            print_error(f"interrupted: the partial receipt is {receipt}", style="bold yellow")
+            print_error(f"interrupted: the partial {artifact} is {receipt}",
+                        style="bold yellow")
             raise click.exceptions.Exit(130) from None
         except OSError as error:
-            raise UserError(f"cannot write the receipt {receipt}: "
+            raise UserError(f"cannot write the {artifact} {receipt}: "
                             f"{error.strerror or error}") from error
         progress.update(task, description="done")
     return result

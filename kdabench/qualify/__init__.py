@@ -16,7 +16,11 @@ fault table and from kdabench.oracles.metadata), an untouched pool and an all-Na
 
 A case's record: id, index, scenario, params, shape, errors, tolerances, checks, verdict
 (pass / fail / error), message, median_ms and samples_ms (GPU: CUDA events around the call;
-CPU tier: None and []), kernel_config and config_source (what plan() resolves for the call).
+CPU tier: None and []), kernel_config, config_source and policy_mode (what plan() resolves
+for the call: the config, where it came from, e.g. "profile nvidia-h200.json (query v1 ...)"
+or "heuristic (no profile entry for ...)", and the mode; None for cases that plan no kernel
+call). The receipt's config records the policy mode of the run ($KDABENCH_POLICY_MODE, else
+AUTO).
 
 The CPU tier runs the Triton kernels under the interpreter: `prepare_tier("cpu")` sets
 TRITON_INTERPRET=1, which works only before `kdabench.kernels` is first imported, so this

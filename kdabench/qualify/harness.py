@@ -125,11 +125,19 @@ def _caps(ctx: Context, case: Case, meta: Metadata, tokens: int):
     )
 
 
-def _kernel_record(ctx: Context, caps) -> dict[str, Any]:
-    """plan.config and plan.config_source for caps (what kda_prefill resolves for the call)."""
-    planned = _kernels().plan(caps, own_output=False)
+KERNEL_RECORD_KEYS = ("kernel_config", "config_source", "policy_mode")
+
+
+def _plan_record(planned) -> dict[str, Any]:
+    """A plan's config, where it came from and the policy mode it was resolved under."""
     return {"kernel_config": dataclasses.asdict(planned.config),
-            "config_source": planned.config_source}
+            "config_source": planned.config_source, "policy_mode": planned.policy_mode}
+
+
+def _kernel_record(ctx: Context, caps, activation_dtype=torch.bfloat16) -> dict[str, Any]:
+    """What kda_prefill resolves for a call with these caps: the plan's config and source."""
+    return _plan_record(_kernels().plan(caps, activation_dtype=activation_dtype,
+                                        own_output=False))
 
 
 def _prefill(ctx: Context, x: KdaInputs, meta: Metadata, pool: torch.Tensor, dtype, *,

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
-from kdabench.qualify.harness import Context
+from kdabench.qualify.harness import KERNEL_RECORD_KEYS, Context
 from kdabench.qualify.scenarios import RUNNERS
 from kdabench.receipts import new_receipt
 
@@ -89,6 +89,8 @@ def run_case(ctx: Context, case: Case) -> dict[str, Any]:
         )
         if outcome.details:
             record["details"] = outcome.details
+    for key in KERNEL_RECORD_KEYS:  # cases that plan no kernel call (oracle, contracts)
+        record.setdefault(key, None)
     if case.scenario == "int32-boundary" and ctx.gpu:
         torch.cuda.empty_cache()
     record["wall_s"] = round(time.perf_counter() - started, 3)
@@ -177,11 +179,16 @@ class Qualification:
             raise MatrixError(f"no {self.tier}-tier case of {matrix.origin} matches "
                               f"{'the filter ' + repr(contains) if contains else 'this shard'}")
         self.device = prepare_tier(self.tier)
+        from kdabench.kernels import KdaPolicyError, resolve_mode
         from kdabench.kernels.config import BACKENDS
 
         if self.backend not in BACKENDS:
             raise QualifyError(f"backend {self.backend!r} is not available here "
                                f"(have: {', '.join(BACKENDS)})")
+        try:
+            policy_mode = resolve_mode().value  # $KDABENCH_POLICY_MODE, else AUTO
+        except KdaPolicyError as error:
+            raise QualifyError(str(error)) from error
         self.shard = shard
         config = {
             "tier": self.tier, "backend": self.backend, "matrix_name": matrix.name,
@@ -189,6 +196,7 @@ class Qualification:
             "matrix_sha256": matrix.sha256, "matrix": matrix.document,
             "filter": contains or None,
             "timing": dict(matrix.timing) if self.tier == "gpu" else None,
+            "policy_mode": policy_mode,
         }
         if shard is not None:
             config["shard"] = f"{shard[0]}/{shard[1]}"

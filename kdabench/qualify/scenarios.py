@@ -27,6 +27,7 @@ from kdabench.qualify.harness import (
     _kernels,
     _load_initial,
     _make_pool,
+    _plan_record,
     _prefill,
     _rejected_run,
     _result,
@@ -242,6 +243,8 @@ def run_fuzz(ctx: Context, case: Case) -> Outcome:
         pool = _make_pool(ctx, meta, x)
         before = pool.clone()
         output, code = _result(_prefill(ctx, x, meta, pool, dtype)())
+        if not out.kernel:  # what the first set resolved (each set plans its own call)
+            out.kernel = _kernel_record(ctx, _caps(ctx, case, meta, x.q.shape[0]))
         failures_before = len(out.failures)
         tag = f"set {s}: "
         if expected:
@@ -333,8 +336,7 @@ def run_graph(ctx: Context, case: Case) -> Outcome:
     out.checks.pop("expected_error_code", None)
     out.details["replays"] = replays
     out.shape = {"max_seqs": max_seqs, "max_tokens": tokens, "num_slots": num_slots}
-    out.kernel = {"kernel_config": dataclasses.asdict(planned.config),
-                  "config_source": planned.config_source}
+    out.kernel = _plan_record(planned)
     out.samples_ms = _time(ctx, graph.replay)
     del graph
     return out

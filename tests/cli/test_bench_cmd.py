@@ -9,18 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from kdabench.bench import cuda as bench_cuda
-from kdabench.cli.main import cli
 from kdabench.receipts import verify_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cli_helpers import assert_one_line_error, invoke
 from test_bench import TINY_SHAPES, FakeBackend
-
-
-def invoke(*args: str | Path):
-    return CliRunner().invoke(cli, [str(arg) for arg in args], prog_name="kdabench")
 
 
 @pytest.fixture
@@ -32,15 +27,6 @@ def shapes_file(tmp_path: Path) -> Path:
 
 def use_backend(monkeypatch, **options) -> None:
     monkeypatch.setattr(bench_cuda, "CudaBackend", lambda: FakeBackend(**options))
-
-
-def assert_one_line_error(result, exit_code: int, *fragments: str) -> None:
-    assert result.exit_code == exit_code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 def test_exit_2_without_a_gpu(monkeypatch, tmp_path):
@@ -115,3 +101,26 @@ def test_bad_shapes_file_exits_2(monkeypatch, tmp_path):
 def test_help_documents_exit_codes():
     result = invoke("bench", "--help")
     assert result.exit_code == 0 and "Exit codes" in result.output and "--against" in result.output
+
+
+def test_policy_mode_option(monkeypatch, tmp_path, shapes_file):
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
+                    "--policy-mode", "HEURISTIC_ONLY", "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    assert found["policy_mode"] == "HEURISTIC_ONLY"
+    assert found["shapes"][0]["config_sources"] == {"kdabench": "fake (HEURISTIC_ONLY)",
+                                                    "kdabench-c1": "fake (HEURISTIC_ONLY)"}
+    table = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
+                   "--policy-mode", "auto")
+    assert table.exit_code == 0, table.output
+    assert "policy AUTO: kernel configs 4 from fake" in table.stdout
+    assert "policy AUTO" in table.stderr  # the header line
+
+
+def test_bad_policy_mode_exits_2(monkeypatch, tmp_path, shapes_file):
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--policy-mode", "best")
+    assert_one_line_error(result, 2, "--policy-mode", "'best' is not a policy mode")
+    assert not list(tmp_path.glob("bench-*.json"))

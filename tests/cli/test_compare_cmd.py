@@ -7,9 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from cli_helpers import invoke
 
-from kdabench.cli.main import cli
 from kdabench.receipts import new_receipt
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -21,10 +20,6 @@ DEVICE = {
 }
 SOURCES = {"kernels/api.py": "a" * 64}
 CASE_IDS = ["accuracy-C1-H4-K64", "accuracy-C2-H8-K128", "contract-refuses-capacity-3"]
-
-
-def invoke(*args: str | Path):
-    return CliRunner().invoke(cli, [str(arg) for arg in args], prog_name="kdabench")
 
 
 def write(path: Path, *, slowdown: float = 1.0, flip: bool = False, kind: str = "qualify",

@@ -8,12 +8,13 @@ import json
 import click
 import pytest
 import torch
+from cli_helpers import assert_one_line_error, invoke
 from click.testing import CliRunner
 
 import kdabench
 from kdabench import kernels as kernel_package
 from kdabench.cli.errors import Finding, user_errors
-from kdabench.cli.main import KdabenchGroup, cli
+from kdabench.cli.main import KdabenchGroup
 from kdabench.environment import DEVICE_KEYS
 
 SUPPORT_KEYS = {
@@ -30,21 +31,6 @@ SUPPORT_KEYS = {
     "min_lower_bound",
     "shared_memory_budget_bytes",
 }
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(cli, list(args), prog_name="kdabench")
-
-
-def assert_one_line_error(result, exit_code: int, *fragments: str) -> None:
-    """The failure the user sees: the exit code, one line on stderr, nothing on stdout."""
-    assert result.exit_code == exit_code, result.output
-    assert "Traceback" not in result.output
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 @pytest.fixture
@@ -145,20 +131,20 @@ def test_kernels_info_json_with_a_fake_report(fake_support_report):
 
 
 def test_bad_option_is_one_line_and_exit_code_2():
-    assert_one_line_error(invoke("kernels", "info", "--bogus"), 2, "--bogus", "--help")
+    assert_one_line_error(invoke("kernels", "info", "--bogus"), 2, "--bogus", "--help", empty_stdout=True)
 
 
 def test_unknown_command_is_one_line_and_exit_code_2():
-    assert_one_line_error(invoke("no-such-command"), 2, "no-such-command")
+    assert_one_line_error(invoke("no-such-command"), 2, "no-such-command", empty_stdout=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 def test_asking_for_a_missing_gpu_is_bad_input():
-    assert_one_line_error(invoke("kernels", "info", "--device", "cuda"), 2, "no CUDA GPU")
+    assert_one_line_error(invoke("kernels", "info", "--device", "cuda"), 2, "no CUDA GPU", empty_stdout=True)
 
 
 def test_malformed_device_is_bad_input():
-    assert_one_line_error(invoke("kernels", "info", "--device", "warp-drive"), 2, "warp-drive")
+    assert_one_line_error(invoke("kernels", "info", "--device", "warp-drive"), 2, "warp-drive", empty_stdout=True)
 
 
 def test_unexpected_exception_is_one_line_without_debug(monkeypatch):
@@ -166,7 +152,7 @@ def test_unexpected_exception_is_one_line_without_debug(monkeypatch):
         raise RuntimeError("kaboom")
 
     monkeypatch.setattr(kernel_package, "support_report", broken_report, raising=False)
-    assert_one_line_error(invoke("kernels", "info"), 3, "kaboom", "--debug")
+    assert_one_line_error(invoke("kernels", "info"), 3, "kaboom", "--debug", empty_stdout=True)
 
     result = invoke("--debug", "kernels", "info")
     assert result.exit_code == 3

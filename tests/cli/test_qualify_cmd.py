@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
+from cli_helpers import assert_one_line_error, invoke
 
-from kdabench.cli.main import cli
 from kdabench.receipts import load_receipt, verify_file
 
 TINY = """
@@ -34,24 +33,11 @@ layout = "R3"
 """
 
 
-def invoke(*args: str | Path):
-    return CliRunner().invoke(cli, [str(arg) for arg in args], prog_name="kdabench")
-
-
 @pytest.fixture
 def tiny(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.toml"
     path.write_text(TINY)
     return path
-
-
-def assert_one_line_error(result, exit_code: int, *fragments: str) -> None:
-    assert result.exit_code == exit_code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 def test_list_prints_the_expanded_cases(tiny):

@@ -7,19 +7,14 @@ import statistics
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_helpers import invoke
 
-from kdabench.cli.main import cli
 from kdabench.receipts import load_receipt, new_receipt
 from kdabench.sources import source_hashes
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 DEVICE = {"kind": "cuda", "device": "cuda:0", "name": "NVIDIA H200", "compute_capability": "9.0"}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def invoke(*args: str | Path):
-    return CliRunner().invoke(cli, [str(arg) for arg in args], prog_name="kdabench")
 
 
 def serve_receipt(folder: Path) -> Path:

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_helpers import invoke
 
-from kdabench.cli.main import cli
 from kdabench.receipts import load_receipt, new_receipt, verify_file
 from kdabench.sources import source_hashes
 
@@ -20,10 +19,6 @@ DEVICE = {
 }
 MATRIX = {"capacity": [1, 2, 4], "heads": [4, 8]}
 VERDICTS = ["pass", "pass", "fail", "pass", "skip", "pass"]
-
-
-def invoke(*args: str | Path):
-    return CliRunner().invoke(cli, [str(arg) for arg in args], prog_name="kdabench")
 
 
 def case(index: int) -> dict:

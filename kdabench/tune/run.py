@@ -1,0 +1,278 @@
+"""The tuning run: per query, time every candidate, check the fastest against float64, and
+write the device's profile with the measurements behind each choice.
+
+    from kdabench.tune import Tune, load_queries
+
+    result = Tune(load_queries(None)).run()       # needs a CUDA GPU (or an injected runner)
+    result.profile_path, result.ok
+
+Per query: the candidates (kdabench.tune.grid) are timed one after the other on the same
+input sets (kdabench.tune.runner); the one with the lowest median is checked against the
+float64 recurrence on a smaller instance of the query, and if its errors pass the queries
+file's tolerances it is the entry's config; otherwise the next fastest is checked (at most
+MAX_ORACLE_TRIES). A query whose candidates all fail gets no entry and fails the run.
+
+The profile (format of kdabench.kernels.profiles) is rewritten after every query (status
+"partial", then "complete"); entries already in the file for queries this run does not tune
+are kept, a file that does not load (an older schema) is replaced, and a profile of another
+device is refused (TuneError).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kdabench.tune.grid import candidates, shared_memory_limit
+from kdabench.tune.queries import TuneQueries, TuneQuery
+from kdabench.tune.runner import Runner, Timed
+
+MAX_ORACLE_TRIES = 3
+
+
+class TuneError(ValueError):
+    """A tuning run that cannot start (no GPU, bad options); one line."""
+
+
+@dataclass
+class TuneResult:
+    """What a run found and where it left the profile."""
+
+    profile_path: Path
+    profile: dict[str, Any]
+    records: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.records) and all(r["verdict"] == "pass" for r in self.records)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "profile": str(self.profile_path),
+                "device": self.profile["device"].get("name"),
+                "status": self.profile["status"], "entries": len(self.profile["entries"]),
+                "notes": self.notes, "queries": self.records}
+
+
+def _median(samples: Sequence[float]) -> float | None:
+    return statistics.median(samples) if samples else None
+
+
+class Tune:
+    """One tuning run: checks the options on construction (raises TuneError), then `run()`."""
+
+    def __init__(self, queries: TuneQueries, *, runner: Runner | None = None,
+                 out: str | os.PathLike | None = None, reps: int | None = None,
+                 command_line: Sequence[str] | None = None,
+                 created_at: str | None = None) -> None:
+        from kdabench.kernels.profiles import device_slug, profile_path
+
+        if reps is not None and reps < 1:
+            raise TuneError(f"--reps must be >= 1, got {reps}")
+        if runner is None:
+            from kdabench.tune.runner import KernelRunner
+
+            runner = KernelRunner()
+        reason = runner.unavailable()
+        if reason:
+            raise TuneError(reason)
+        self.queries, self.runner = queries, runner
+        self.timing = dict(queries.timing, **({"reps": reps} if reps is not None else {}))
+        self.device = dict(runner.identity())
+        name = runner.device_name()  # what plans look the profile up by
+        self.device.update(profile_name=name, slug=device_slug(name))
+        self.out = Path(out) if out is not None else profile_path(name)
+        if self.out.is_dir():
+            raise TuneError(f"--out {self.out} is a folder; name the profile file "
+                            f"({self.device['slug']}.json)")
+        self.command_line, self.created_at = command_line, created_at
+        self.notes: list[str] = []
+        if self.out.name != f"{self.device['slug']}.json":
+            self.notes.append(f"the catalog looks for {self.device['slug']}.json; this profile "
+                              f"is named {self.out.name}")
+        self.kept = self._existing_entries()
+
+    def _existing_entries(self) -> dict[Any, dict[str, Any]]:
+        """Entries of the profile at `out` for queries this run does not tune."""
+        from kdabench.kernels import KdaPolicyError, KdaQuery
+        from kdabench.kernels.profiles import load_profile
+
+        if not self.out.exists():
+            return {}
+        try:
+            profile = load_profile(self.out)
+        except KdaPolicyError as error:  # stale or broken: this run replaces it
+            self.notes.append(f"replacing {self.out}: {error}")
+            return {}
+        if profile.device.get("slug") != self.device["slug"]:
+            raise TuneError(f"{self.out} is the profile of {profile.device.get('profile_name')!r}"
+                            f", not of this device ({self.device['profile_name']!r}); choose "
+                            "another --out")
+        tuned = {query.catalog_query() for query in self.queries.queries}
+        kept = {}
+        for raw in profile.document["entries"]:
+            query = KdaQuery.from_dict(raw["query"])
+            if query not in tuned:
+                kept[query] = raw
+        if kept:
+            self.notes.append(f"kept {len(kept)} entries of {self.out} for queries this run "
+                              "does not tune")
+        return kept
+
+    # ----------------------------------------------------------------------- the run
+
+    def run(self, *, on_start: Callable[[TuneQuery], None] | None = None,
+            on_case: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
+        records: list[dict[str, Any]] = []
+        entries: list[dict[str, Any]] = []
+        document: dict[str, Any] = {}
+        for query in self.queries.queries:
+            if on_start:
+                on_start(query)
+            record, entry = self.tune_query(query)
+            records.append(record)
+            if entry is not None:
+                entries.append(entry)
+            document = self.write(entries, "partial")
+            if on_case:
+                on_case(record)
+        document = self.write(entries, "complete")
+        return TuneResult(self.out, document, records, self.notes)
+
+    def tune_query(self, query: TuneQuery) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Time the candidates of one query and check the winner: (record, entry or None)."""
+        started = time.perf_counter()
+        found = candidates(query, self.queries.grid, self.runner.target())
+        timed = self.runner.measure(query, found.configs, self.timing["warmup"],
+                                    self.timing["reps"], self.queries.seed)
+        if len(timed) != len(found.configs):
+            raise RuntimeError(f"the runner timed {len(timed)} of {len(found.configs)} configs")
+        rows = [self._row(config, t, config == found.heuristic)
+                for config, t in zip(found.configs, timed, strict=True)]
+        ranked = sorted((i for i, row in enumerate(rows) if row["median_ms"] is not None),
+                        key=lambda i: rows[i]["median_ms"])
+        winner, oracle, rejected = None, None, []
+        for index in ranked[:MAX_ORACLE_TRIES]:
+            oracle = self._check(query, found.configs[index])
+            if oracle["ok"]:
+                winner = index
+                break
+            rejected.append({"config": rows[index]["config"], **oracle})
+        heuristic_ms = rows[0]["median_ms"]
+        measurements = {
+            "id": query.id,
+            "shape": {"tokens": query.shape.tokens, "heads": query.shape.heads,
+                      "seqs": query.shape.seqs, "seq_len": query.shape.seq_len},
+            "timing": {**self.timing, "input_sets": timed[0].input_sets if timed else None,
+                       "statistic": "median of the samples, calls rotating among input sets"},
+            "candidates": rows,
+            "refused": [{"config": dataclasses.asdict(c), "reason": reason}
+                        for c, reason in found.refused],
+            "rule": found.rule,
+            "winner": None if winner is None else {
+                "index": winner, "median_ms": rows[winner]["median_ms"],
+                "heuristic_median_ms": heuristic_ms,
+                "speedup_over_heuristic": (heuristic_ms / rows[winner]["median_ms"]
+                                           if heuristic_ms and rows[winner]["median_ms"]
+                                           else None)},
+            "oracle": oracle if winner is not None else None,
+            "oracle_rejected": rejected,
+        }
+        record = {
+            "id": query.id, "query": query.catalog_query().to_dict(),
+            "candidates": len(rows), "refused": len(found.refused),
+            "timed": len(ranked), "config": None if winner is None else rows[winner]["config"],
+            "median_ms": None if winner is None else rows[winner]["median_ms"],
+            "heuristic_median_ms": heuristic_ms,
+            "speedup_over_heuristic": (measurements["winner"] or {}).get(
+                "speedup_over_heuristic"),
+            "oracle_errors": None if winner is None else oracle["errors"],
+        }
+        if winner is None:
+            record["verdict"] = "error" if not ranked else "fail"
+            record["message"] = self._failure(rows, ranked, rejected)
+            entry = None
+        else:
+            record["verdict"], record["message"] = "pass", None
+            entry = {"query": record["query"], "config": rows[winner]["config"],
+                     "measurements": measurements}
+        record["wall_s"] = round(time.perf_counter() - started, 3)
+        return record, entry
+
+    @staticmethod
+    def _row(config: Any, timed: Timed, heuristic: bool) -> dict[str, Any]:
+        samples = timed.samples_ms
+        return {"config": dataclasses.asdict(config), "heuristic": heuristic,
+                "median_ms": _median(samples) if not timed.error else None,
+                "min_ms": min(samples) if samples else None,
+                "max_ms": max(samples) if samples else None,
+                "samples": len(samples), "error": timed.error}
+
+    def _check(self, query: TuneQuery, config: Any) -> dict[str, Any]:
+        check = self.queries.check
+        tolerances = {"output": check["tolerances"]["output"],
+                      "final_state": check["tolerances"]["state"],
+                      "checkpoint": check["tolerances"]["state"]}
+        try:
+            found = self.runner.check(query, config, check, self.queries.seed)
+        except Exception as error:  # noqa: BLE001 - a crash fails this candidate, not the run
+            return {"ok": False, "errors": {}, "tolerances": tolerances,
+                    "error": f"{type(error).__name__}: {error}"}
+        errors = found.get("errors", {})
+        ok = all(isinstance(errors.get(name), (int, float)) and errors[name] <= limit
+                 for name, limit in tolerances.items())
+        return {"ok": ok, "instance": found.get("instance"), "errors": errors,
+                "tolerances": tolerances}
+
+    @staticmethod
+    def _failure(rows: list[dict[str, Any]], ranked: list[int],
+                 rejected: list[dict[str, Any]]) -> str:
+        if not ranked:
+            first = next((row["error"] for row in rows if row["error"]), "no candidates")
+            return f"no candidate config ran: {first}"
+        worst = "; ".join(f"{r.get('error') or r['errors']}" for r in rejected[:2])
+        return (f"the {len(rejected)} fastest candidates failed the float64 check "
+                f"({worst})")
+
+    # ----------------------------------------------------------------------- the profile
+
+    def document(self, entries: list[dict[str, Any]], status: str) -> dict[str, Any]:
+        from kdabench.environment import toolchain
+        from kdabench.kernels.profiles import profile_document
+        from kdabench.receipts.encoding import utc_now
+        from kdabench.sources import source_hashes
+
+        if self.created_at is None:
+            self.created_at = utc_now()
+        tune = {
+            "queries_name": self.queries.name,
+            "queries_origin": "default" if self.queries.origin == "default" else "file",
+            "queries_sha256": self.queries.sha256,
+            "timing": self.timing, "check": self.queries.check, "grid": self.queries.grid,
+            "seed": self.queries.seed,
+            "shared_memory_limit_bytes": shared_memory_limit(self.runner.target()),
+            "command_line": list(self.command_line) if self.command_line else None,
+            "kept_entries": len(self.kept),
+        }
+        return profile_document(self.device["profile_name"], entries + list(self.kept.values()),
+                                status=status, device=self.device, tools=toolchain(),
+                                sources=source_hashes(), created_at=self.created_at, tune=tune)
+
+    def write(self, entries: list[dict[str, Any]], status: str) -> dict[str, Any]:
+        """Check the document as the catalog will read it, then write it atomically."""
+        from kdabench.kernels.profiles import parse_profile
+        from kdabench.receipts import sanitize
+        from kdabench.receipts.write import atomic_write_bytes
+
+        document = sanitize(self.document(entries, status))  # inf errors as "inf"
+        text = json.dumps(document, indent=1, allow_nan=False) + "\n"
+        parse_profile(text, self.out)  # a document the catalog refuses is a bug here
+        atomic_write_bytes(self.out, text.encode("utf-8"))
+        return document
