@@ -27,12 +27,16 @@ TABLE_WIDTH = 150
               help="The profile to write (default: <device>.json in the profile folder, "
               "$KDABENCH_PROFILE_DIR or the packaged profiles/). Entries of an existing "
               "profile for other queries are kept.")
+@click.option("--only", "only", multiple=True, metavar="PATTERN",
+              help="Tune only the queries whose id matches this shell pattern (repeatable), "
+              "e.g. --only '8192x8x1-*'; the profile keeps the other entries, so a long file "
+              "can be tuned in parts.")
 @click.option("--reps", type=int, default=None,
               help="Timed samples per candidate config (default: the queries file's "
               "[timing] reps).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-def tune(queries_path: Path | None, out_path: Path | None, reps: int | None,
-         as_json: bool) -> None:
+def tune(queries_path: Path | None, out_path: Path | None, only: tuple[str, ...],
+         reps: int | None, as_json: bool) -> None:
     """Time candidate kernel configs per query and write the device's profile.
 
     For each query (shape, capacity, gate) of the queries file: every KernelConfig of the
@@ -46,13 +50,13 @@ def tune(queries_path: Path | None, out_path: Path | None, reps: int | None,
 
     Exit 0 when every query got an entry; 1 when a query got none (no candidate ran, or
     none passed the check; the profile keeps the others); 2 for bad input (a queries file
-    that does not load, bad --reps, no CUDA GPU).
+    that does not load, an --only pattern that matches no query, bad --reps, no CUDA GPU).
     """
-    from kdabench.tune import QueriesError, Tune, TuneError, load_queries
+    from kdabench.tune import QueriesError, Tune, TuneError, load_queries, select_queries
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     with user_errors(QueriesError, TuneError):
-        queries = load_queries(queries_path)
+        queries = select_queries(load_queries(queries_path), only)
         run = Tune(queries, out=out_path, reps=reps, command_line=["kdabench", *sys.argv[1:]])
     for note in run.notes:
         print_error(f"note: {note}", style="bold yellow")

@@ -17,6 +17,7 @@ from kdabench.tune.queries import (
     TuneQuery,
     load_queries,
     parse_queries,
+    select_queries,
 )
 from kdabench.tune.run import MAX_ORACLE_TRIES, Tune, TuneError, TuneResult
 from kdabench.tune.runner import KernelRunner, Runner, Timed, oracle_check, query_inputs
@@ -25,4 +26,5 @@ __all__ = [
     "DEFAULT_QUERIES", "MAX_ORACLE_TRIES", "RULE", "Candidates", "KernelRunner", "QueriesError",
     "Runner", "Timed", "Tune", "TuneError", "TuneQueries", "TuneQuery", "TuneResult",
     "candidates", "load_queries", "oracle_check", "parse_queries", "query_inputs",
+    "select_queries",
 ]

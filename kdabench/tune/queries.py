@@ -25,6 +25,8 @@ and is expanded over ``capacities`` x ``gates``. Anything else is refused with
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +107,21 @@ class TuneQueries:
     grid: dict[str, list[Any]]
     queries: tuple[TuneQuery, ...]
     document: dict[str, Any] = field(repr=False)
+
+
+def select_queries(queries: TuneQueries, patterns: list[str] | tuple[str, ...]) -> TuneQueries:
+    """The queries whose id matches any of the shell-style `patterns` (all when none), so a
+    long file can be tuned in parts; QueriesError when a pattern matches nothing."""
+    if not patterns:
+        return queries
+    idle = [p for p in patterns if not any(fnmatch.fnmatchcase(q.id, p) for q in queries.queries)]
+    if idle:
+        known = ", ".join(q.id for q in queries.queries)
+        raise QueriesError(f"--only {idle[0]!r} matches no query of {queries.origin} "
+                           f"(ids: {known})")
+    chosen = tuple(q for q in queries.queries
+                   if any(fnmatch.fnmatchcase(q.id, p) for p in patterns))
+    return dataclasses.replace(queries, queries=chosen)
 
 
 def load_queries(path: str | Path | None = None) -> TuneQueries:

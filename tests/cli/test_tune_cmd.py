@@ -60,6 +60,30 @@ def test_missing_queries_file_and_bad_reps_exit_2(monkeypatch, tmp_path, queries
                                  tmp_path / "p.json"), 2, "--reps must be >= 1")
 
 
+def test_only_tunes_the_matching_queries_and_keeps_the_other_entries(monkeypatch, tmp_path,
+                                                                     queries_file):
+    use_runner(monkeypatch)
+    out = tmp_path / "nvidia-h200.json"
+    first = invoke("tune", "--queries", queries_file, "--out", out, "--only", "128x2x1-*",
+                   "--json")
+    assert first.exit_code == 0, first.output
+    assert [q["id"] for q in json.loads(first.stdout)["queries"]] == [
+        "128x2x1-C4-precomputed", "128x2x1-C1-precomputed"]
+    second = invoke("tune", "--queries", queries_file, "--out", out, "--only", "*-C4-*",
+                    "--only", "64x1x(2x32)-C1-*", "--json")
+    assert second.exit_code == 0, second.output
+    assert [q["id"] for q in json.loads(second.stdout)["queries"]] == [
+        "64x1x(2x32)-C4-precomputed", "64x1x(2x32)-C1-precomputed", "128x2x1-C4-precomputed"]
+    assert len(load_profile(out).document["entries"]) == 4
+
+
+def test_an_only_pattern_matching_nothing_exits_2(monkeypatch, tmp_path, queries_file):
+    use_runner(monkeypatch)
+    assert_one_line_error(invoke("tune", "--queries", queries_file, "--out", tmp_path / "p.json",
+                                 "--only", "4096x*"), 2,
+                          "--only '4096x*' matches no query", "128x2x1-C4-precomputed")
+
+
 def test_json_output_and_the_profile_it_writes(monkeypatch, tmp_path, queries_file):
     use_runner(monkeypatch)
     out = tmp_path / "profiles" / "nvidia-h200.json"
