@@ -532,3 +532,26 @@ def test_a_graph_replay_must_reproduce_the_eager_output(replayed, ok):
     assert (problem is None) == ok
     if not ok:
         assert "graph replay output differs from an eager call" in problem
+
+
+@pytest.mark.gpu
+def test_real_graphs_pass_the_replay_check_and_an_empty_one_does_not(tiny):
+    """On the GPU: kdabench's captured runs (and fla's, when installed) reproduce an eager call;
+    a graph that captured no work is refused."""
+    modes = ["eager", "graph"]
+    backend = bench_cuda.CudaBackend()
+    kernels = [KDABENCH] if backend.fla_unavailable() else [KDABENCH, FLA]
+    prepared = backend.prepare(tiny.shapes[0], tiny, kernels, modes)
+    try:
+        for name in kernels:
+            calls = prepared.calls[name]
+            assert calls.graph is not None, calls.graph_note
+            assert "replay checked" in calls.graph_note
+        eager = prepared.calls[KDABENCH].eager[0]
+        output = eager().o
+        empty = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(empty):
+            pass
+        assert "differs from an eager call" in bench_cuda.replay_problem(empty, output, eager)
+    finally:
+        prepared.release()
