@@ -40,13 +40,13 @@ import os
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy.stats import mannwhitneyu
 
 from kdabench.receipts import DEVICE_UNIT_KEYS, ReceiptError, read_receipt, verify_receipt
+from kdabench.receipts.files import receipt_files
 from kdabench.sources import compare_source_hashes
 
 #: Case verdicts, most severe first (the order tables are sorted in).
@@ -289,19 +289,6 @@ class LoadedReceipt:
         return str(name or "unknown device")
 
 
-def receipt_paths(path: str | os.PathLike) -> list[Path]:
-    """The receipt files named by ``path``: itself, or every ``*.json`` in the folder."""
-    path = Path(path)
-    if path.is_dir():
-        found = sorted(p for p in path.glob("*.json") if p.is_file() and not p.name.startswith("."))
-        if not found:
-            raise CompareError(f"{path}: folder holds no *.json receipts")
-        return found
-    if not path.exists():
-        raise CompareError(f"{path}: no such file or folder")
-    return [path]
-
-
 def load_receipts(
     path: str | os.PathLike, *, verify: bool = True, warnings: list[str] | None = None
 ) -> list[LoadedReceipt]:
@@ -313,7 +300,7 @@ def load_receipts(
     """
     warnings = [] if warnings is None else warnings
     loaded: list[LoadedReceipt] = []
-    for file in receipt_paths(path):
+    for file in receipt_files([path], CompareError):
         try:
             doc, raw = read_receipt(file)
         except ReceiptError as error:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kdabench.receipts import ReceiptError, Verification, read_receipt, verify_receipt
+from kdabench.receipts.files import receipt_files
 
 
 class ReportError(ValueError):
@@ -44,23 +45,7 @@ class LoadedReceipt:
 
 def receipt_paths(inputs: Iterable[str | Path]) -> list[Path]:
     """Receipt files named by ``inputs``: files as given, folders as their ``*.json``."""
-    paths: list[Path] = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(p for p in path.glob("*.json") if p.is_file())
-            if not found:
-                raise ReportError(f"{path}: a folder with no *.json receipt in it")
-            paths += found
-        elif path.exists():
-            paths.append(path)
-        else:
-            raise ReportError(f"{path}: no such file or folder")
-    unique: list[Path] = []
-    for path in paths:
-        if path.resolve() not in {p.resolve() for p in unique}:
-            unique.append(path)
-    return unique
+    return receipt_files(inputs, ReportError)
 
 
 def _current_sources() -> dict[str, str] | None:
