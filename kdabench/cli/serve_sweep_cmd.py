@@ -19,7 +19,8 @@ from rich.text import Text
 from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError, print_error
 from kdabench.receipts import ReceiptError
 from kdabench.sweep.arms import PACKAGED, ArmsError, load_arms
-from kdabench.sweep.runner import Sweep, SweepError, SweepOptions, SweepResult
+from kdabench.sweep.options import SweepError, SweepOptions
+from kdabench.sweep.runner import Sweep, SweepResult
 from kdabench.sweep.stats import median
 
 

@@ -6,13 +6,17 @@
         httpx.get(f"{server.url}/health")
 
 `model` holds the weights, `engine` prefill (kernel / chunk path / mirror) and decode,
-`prefix_cache` the cache and its KDABENCH_LOCAL_* settings, `server` the HTTP endpoints.
+`prefix_cache` the cache and its KDABENCH_LOCAL_* settings, `protocol` the OpenAI-compatible
+request parsing and response bodies, `metrics` the /metrics counters, `handler` the HTTP
+routes and streams, and `server` the server itself (model, lock, log, thread) with its
+endpoints documented.
 """
 
 from .engine import Engine, PromptPrefill, plan_prefill_calls
 from .model import MODEL_ID, KdaModel, ModelConfig
 from .prefix_cache import CacheSettings, PrefixCache, SettingsError
-from .server import SERVER_NAME, LocalServer, start_local_server
+from .protocol import SERVER_NAME
+from .server import LocalServer, start_local_server
 
 __all__ = [
     "MODEL_ID",

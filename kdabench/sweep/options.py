@@ -1,0 +1,82 @@
+"""What a sweep measures: :class:`SweepOptions`, resolved and validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class SweepError(ValueError):
+    """Options that cannot make a sweep; one line for the user."""
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """What to measure; defaults come from the arms file's [sweep], then from here."""
+
+    prompt_tokens: tuple[int, ...] = (8192, 16384, 32768)
+    samples: int = 3  # cold samples per arm and prompt size
+    rounds: int | None = None  # rounds they are spread over (default: samples)
+    warmups: int = 1
+    decode_window_s: float = 2.0
+    decode_prompt_tokens: int = 256
+    decode_max_tokens: int = 1024
+    probe_tokens: int = 16
+    probe_prompt_tokens: int | None = None  # default: the smallest prompt size + 16
+    drift_bound: float = 0.05
+    shared_prefix_tokens: int = 8192
+    shared_prefix_repeats: int = 1
+    health_timeout_s: float = 120.0
+    request_timeout_s: float = 600.0
+    seed: int = 0
+
+    @classmethod
+    def resolve(cls, file_defaults: dict[str, Any], overrides: dict[str, Any]) -> SweepOptions:
+        """Options from the arms file's [sweep], overridden by non-None ``overrides``."""
+        values = {**file_defaults, **{k: v for k, v in overrides.items() if v is not None}}
+        if "prompt_tokens" in values:
+            values["prompt_tokens"] = tuple(int(v) for v in values["prompt_tokens"])
+        options = cls(**values)
+        options.validate()
+        return options
+
+    @property
+    def round_count(self) -> int:
+        return self.rounds if self.rounds is not None else self.samples
+
+    @property
+    def probe_prompt_size(self) -> int:
+        """The probes' prompt length. A server computes at least the last token of a
+        repeated prompt, so a block-aligned prompt finds its last block uncached; 16 tokens
+        past the smallest size let the repeat of a block-aligned size hit the cache."""
+        if self.probe_prompt_tokens is not None:
+            return self.probe_prompt_tokens
+        return min(self.prompt_tokens) + 16
+
+    @property
+    def samples_per_round(self) -> int:
+        return self.samples // self.round_count
+
+    def validate(self) -> None:
+        if not self.prompt_tokens or any(n < 16 for n in self.prompt_tokens):
+            raise SweepError("prompt sizes must be at least 16 tokens each")
+        if len(set(self.prompt_tokens)) != len(self.prompt_tokens):
+            raise SweepError("prompt sizes must not repeat")
+        for name in ("samples", "probe_tokens", "decode_prompt_tokens", "decode_max_tokens",
+                     "shared_prefix_repeats"):
+            if getattr(self, name) < 1:
+                raise SweepError(f"{name.replace('_', ' ')} must be at least 1")
+        if self.warmups < 0:
+            raise SweepError("warmups must be 0 or more")
+        if self.probe_prompt_tokens is not None and self.probe_prompt_tokens < 16:
+            raise SweepError("probe prompt tokens must be at least 16")
+        if self.probe_tokens < 2:
+            raise SweepError("probe tokens must be at least 2 (the extension uses half)")
+        if self.round_count < 1 or self.samples % self.round_count:
+            raise SweepError(f"{self.samples} samples cannot be spread evenly over "
+                             f"{self.round_count} rounds; make rounds divide samples")
+        if self.shared_prefix_tokens < 32 or self.shared_prefix_tokens % 2:
+            raise SweepError("shared prefix tokens must be an even number, at least 32")
+        for name in ("decode_window_s", "drift_bound", "health_timeout_s", "request_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise SweepError(f"{name.replace('_', ' ')} must be positive")
