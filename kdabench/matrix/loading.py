@@ -1,186 +1,35 @@
-"""The qualification matrix: a TOML file of axes and scenarios, expanded into cases.
-
-A matrix file (``kdabench/data/qualify.toml`` is the default) holds::
-
-    schema = "kdabench.matrix.v1"
-    name = "default"
-    seed = 0                                   # mixed into every case's data seed
-    backends = ["triton"]                      # the backends this matrix qualifies
-    tolerances = { output = 5e-3, state = 3e-3 }
-    timing = { warmup = 3, reps = 15 }         # GPU tier: CUDA-event samples per case
-
-    [layouts.R16]                              # a batch of sequence lengths, named for case ids
-    lengths = [1, 15, 16, 17, 1024]            # listed lengths first ...
-    count = 16                                 # ... then seeded random ones up to `count`
-    random = [1, 300]                          # drawn from this range (inclusive)
-
-    [[group]]                                  # one block of cases: list-valued axes are crossed
-    scenario = "accuracy"
-    tiers = ["gpu"]
-    capacity = [1, 2, 4]
-    heads = [4, 8]
-    layout = ["R16"]
-
-Every axis takes a value or a list of values; a group expands to the product of its lists
-(in the order of :data:`AXES`), axes left out take their defaults. Each case gets an id
-that reads like the case (``accuracy-C4-H8-K128-L8192x1-unaligned-precomputed-lb5``) and
-an ``index``: its position in the expansion for its tier. Ids are unique per tier.
-
-Errors a user can make in the file (TOML syntax, unknown axes, scenarios or layouts, bad
-values) raise :class:`MatrixError` with one line that names the file and the group.
-"""
+"""Reading a matrix file: TOML, then every key, layout, group and axis value checked, with
+one-line errors that name the file and the group."""
 
 from __future__ import annotations
 
-import itertools
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kdabench.datafiles import load_data_file, parse_toml
-
-SCHEMA = "kdabench.matrix.v1"
-TIERS = ("cpu", "gpu")
-DEFAULT_MATRIX = "qualify.toml"  # in kdabench/data/
-
-# What the kernel contract allows (DESIGN section 2). Kept here, not imported from
-# kdabench.kernels: importing the kernels decides, once, whether Triton interprets them.
-CAPACITIES = (1, 2, 4)
-HEAD_DIMS = (64, 128)
-GATE_MODES = ("precomputed", "sigmoid", "softplus")
-MIN_LOWER_BOUND = -5.0
-OFFSET_MODES = ("aligned", "unaligned", "first", "last")
-INDEX_DTYPES = ("int32", "int64")
-
-DEFAULT_TOLERANCES = {"output": 5e-3, "state": 3e-3}
-DEFAULT_TIMING = {"warmup": 3, "reps": 15}
-
-
-class MatrixError(ValueError):
-    """A matrix file, a shard or a filter the tool cannot use; the message is one line."""
-
-
-# --------------------------------------------------------------------------- axes
-
-
-@dataclass(frozen=True)
-class Axis:
-    """One axis: its default and how a value reads in a case id ('' leaves it out)."""
-
-    name: str
-    default: Any
-    label: Any  # callable value -> str
-
-
-def _lower_bound_label(value: float) -> str:
-    return f"lb{abs(value):g}"
-
-
-#: Every axis, in expansion and case-id order.
-AXES: dict[str, Axis] = {
-    axis.name: axis
-    for axis in (
-        Axis("variant", None, str),
-        Axis("capacity", 1, lambda v: f"C{v}"),
-        Axis("heads", 4, lambda v: f"H{v}"),
-        Axis("head_dim", 64, lambda v: f"K{v}"),
-        Axis("layout", None, str),
-        Axis("offsets", "unaligned", str),
-        Axis("gate", "precomputed", str),
-        Axis("lower_bound", -5.0, _lower_bound_label),
-        Axis("qk_l2norm", False, lambda v: "l2" if v else ""),
-        Axis("beta_sigmoid", False, lambda v: "bsig" if v else ""),
-        Axis("index_dtype", "int32", lambda v: "i64" if v == "int64" else ""),
-        Axis("seed", 0, lambda v: f"s{v}" if v else ""),
-    )
-}
-
-KERNEL_AXES = (
-    "capacity", "heads", "head_dim", "layout", "offsets", "gate", "lower_bound",
-    "qk_l2norm", "beta_sigmoid", "index_dtype", "seed",
+from kdabench.matrix.axes import (
+    AXES,
+    CAPACITIES,
+    DEFAULT_MATRIX,
+    DEFAULT_TIMING,
+    DEFAULT_TOLERANCES,
+    FAULT_VARIANTS,
+    GATE_MODES,
+    HEAD_DIMS,
+    INDEX_DTYPES,
+    MIN_LOWER_BOUND,
+    OFFSET_MODES,
+    SCENARIOS,
+    SCHEMA,
+    TIERS,
+    TWO_SEQUENCE_VARIANTS,
+    MatrixError,
+    Scenario,
 )
-GATE_AXES = ("gate", "lower_bound", "qk_l2norm", "beta_sigmoid")
-
-#: Fault variants: name -> the smallest capacity the fault can be built with.
-FAULT_VARIANTS = {
-    "duplicate-final": 1,           # two sequences write one final slot
-    "duplicate-final-checkpoint": 1,  # a checkpoint slot is its sequence's final slot
-    "duplicate-checkpoint": 2,      # two checkpoints of one sequence share a slot
-    "write-aliases-initial": 1,     # a final slot is another sequence's initial slot
-    "lengths-decreasing": 1,        # cu_seqlens goes down
-    "lengths-nonzero-start": 1,     # cu_seqlens[0] != 0
-    "lengths-past-capacity": 1,     # cu_seqlens[-1] > the bound tokens
-    "live-count-zero": 1,           # planned run with num_seqs = 0
-    "live-count-over-capacity": 1,  # planned run with num_seqs > the metadata capacity
-    "slot-range-initial": 1,        # an initial slot == num_slots
-    "slot-range-final": 1,          # a final slot past the pool
-    "slot-range-checkpoint": 1,     # a checkpoint slot == num_slots
-    "slot-negative": 1,             # a final slot of -2 (only -1 is null)
-    "offset-zero": 1,               # an active checkpoint at offset 0
-    "offset-at-length": 1,          # an active checkpoint at offset len
-    "offset-past-length": 1,        # an active checkpoint past the sequence
-    "offset-not-increasing": 2,     # active offsets going down
-    "offset-equal": 2,              # two active checkpoints at one offset
-}
-#: Variants built across two sequences, by scenario: their layouts need at least two.
-TWO_SEQUENCE_VARIANTS = {
-    "fault": frozenset({"duplicate-final", "write-aliases-initial"}),
-    "invalid-fourth": frozenset({"aliases-initial"}),
-}
-INVALID_FOURTH_VARIANTS = (
-    "out-of-range", "negative", "duplicate-final", "duplicate-checkpoint", "aliases-initial",
-)
-CONTRACT_VARIANTS = (
-    "plan-refuses-capacity-3", "plan-refuses-head-dim-96", "plan-refuses-lower-bound-6",
-    "plan-refuses-unknown-backend", "bind-refuses-wrong-heads",
-    "bind-refuses-vector-metadata-for-capacity-2", "decode-names-every-bit",
-)
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """A scenario: the axes it reads, its variants, its options, and where it can run."""
-
-    name: str
-    axes: tuple[str, ...]
-    variants: tuple[str, ...] = ()
-    options: Mapping[str, Any] = field(default_factory=dict)
-    gpu_only: bool = False
-    capacities: tuple[int, ...] = CAPACITIES
-
-
-SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in (
-        # outputs, final states and every checkpoint against the float64 recurrence
-        Scenario("accuracy", KERNEL_AXES),
-        # checkpoints against kernel runs over each prefix (bitwise where aligned)
-        Scenario("prefix", KERNEL_AXES),
-        # inactive (-1) checkpoint entries and final slots: ignored, nothing written
-        Scenario("inactive", KERNEL_AXES),
-        # an output poisoned with NaN before a valid run: every live row written
-        Scenario("poisoned", KERNEL_AXES),
-        # capacity 4 with a bad fourth destination: rejected, pool untouched, output NaN
-        Scenario("invalid-fourth", ("variant", *KERNEL_AXES), INVALID_FOURTH_VARIANTS,
-                 capacities=(4,)),
-        # one fault class per case: its bit, pool untouched, output NaN
-        Scenario("fault", ("variant", *KERNEL_AXES), tuple(FAULT_VARIANTS)),
-        # a planned binding captured once in a CUDA graph, replayed with new metadata
-        Scenario("graph", KERNEL_AXES, options={"replays": 6}, gpu_only=True),
-        # written and read slots past the 2^31-element line of the pool
-        Scenario("int32-boundary", KERNEL_AXES, gpu_only=True),
-        # seeded random metadata sets, a share of them invalid
-        Scenario("fuzz", ("capacity", "heads", "head_dim", *GATE_AXES, "seed"),
-                 options={"sets": 24, "invalid_share": 0.35, "max_seqs": 6, "max_len": 48}),
-        # the chunk mirror (fp32) against the float64 recurrence: no kernel
-        Scenario("mirror", ("heads", "head_dim", "layout", "offsets", *GATE_AXES, "seed")),
-        # host-side contracts of plan/bind and the error decoding
-        Scenario("contract", ("variant",), CONTRACT_VARIANTS),
-    )
-}
+from kdabench.matrix.cases import Matrix
 
 _GROUP_KEYS = {"scenario", "tiers", "tolerances"}
 _TOP_KEYS = {"schema", "name", "description", "seed", "backends", "tolerances", "timing",
@@ -188,96 +37,6 @@ _TOP_KEYS = {"schema", "name", "description", "seed", "backends", "tolerances", 
 _LAYOUT_KEYS = {"lengths", "count", "random", "seed"}
 _LAYOUT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9.]*")
 
-
-# --------------------------------------------------------------------------- data
-
-
-@dataclass(frozen=True)
-class Case:
-    """One expanded case.
-
-    params: every axis of its scenario (with defaults filled in); lengths: the layout's
-    sequence lengths (empty when the scenario reads no layout); options: the scenario's
-    options and the tolerances; index: position in the tier's expansion.
-    """
-
-    index: int
-    id: str
-    scenario: str
-    group: int
-    params: Mapping[str, Any]
-    lengths: tuple[int, ...]
-    options: Mapping[str, Any]
-    tiers: tuple[str, ...]
-
-    def describe(self) -> dict[str, Any]:
-        """The case as receipt fields."""
-        return {"id": self.id, "index": self.index, "scenario": self.scenario,
-                "params": dict(self.params), "group": self.group}
-
-
-@dataclass(frozen=True)
-class Matrix:
-    """A parsed, validated matrix. ``document`` is the TOML as read (it goes into receipts)."""
-
-    origin: str
-    sha256: str
-    document: Mapping[str, Any]
-    name: str
-    seed: int
-    backends: tuple[str, ...]
-    tolerances: Mapping[str, float]
-    timing: Mapping[str, int]
-    layouts: Mapping[str, tuple[int, ...]]
-    groups: tuple[Mapping[str, Any], ...]
-
-    def expand(self, tier: str) -> list[Case]:
-        """Every case of `tier`, in matrix order, with stable ids and indices."""
-        if tier not in TIERS:
-            raise MatrixError(f"unknown tier {tier!r}; expected one of {', '.join(TIERS)}")
-        cases: list[Case] = []
-        seen: dict[str, int] = {}
-        for number, group in enumerate(self.groups, start=1):
-            if tier not in group["tiers"]:
-                continue
-            for params, options in _expand_group(group, self.tolerances):
-                case_id = case_id_for(group["scenario"], params)
-                if case_id in seen:
-                    raise MatrixError(
-                        f"{self.origin}: case {case_id!r} appears in group {seen[case_id]} "
-                        f"and again in group {number}"
-                    )
-                seen[case_id] = number
-                layout = params.get("layout")
-                cases.append(Case(
-                    index=len(cases), id=case_id, scenario=group["scenario"], group=number,
-                    params=params, lengths=self.layouts[layout] if layout else (),
-                    options=options, tiers=tuple(group["tiers"]),
-                ))
-        return cases
-
-
-def case_id_for(scenario: str, params: Mapping[str, Any]) -> str:
-    """The id of a case: the scenario, then each axis's label in :data:`AXES` order."""
-    parts = [scenario]
-    for name, axis in AXES.items():
-        if name in params:
-            label = axis.label(params[name])
-            if label:
-                parts.append(label)
-    return "-".join(parts)
-
-
-def _expand_group(group: Mapping[str, Any], tolerances: Mapping[str, float]):
-    scenario = SCENARIOS[group["scenario"]]
-    lists = [group["axes"].get(name, [AXES[name].default]) for name in scenario.axes]
-    options = {**scenario.options, **group["options"],
-               "tolerances": {**tolerances, **group.get("tolerances", {})}}
-    for values in itertools.product(*lists):
-        yield dict(zip(scenario.axes, values, strict=True)), options
-
-
-# --------------------------------------------------------------------------- loading
 
 
 def load_matrix(path: str | Path | None = None) -> Matrix:
@@ -527,28 +286,3 @@ def _option(scenario: str, key: str, value: Any, origin: str, where: str) -> Any
     return value
 
 
-# --------------------------------------------------------------------------- selection
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """(I, N) from "I/N" with 1 <= I <= N."""
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
-    if not match:
-        raise MatrixError(f"shard {text!r} is not I/N (for example 1/2)")
-    index, count = int(match.group(1)), int(match.group(2))
-    if not 1 <= index <= count:
-        raise MatrixError(f"shard {text!r}: I must lie in 1..N")
-    return index, count
-
-
-def select_cases(
-    cases: Iterable[Case], *, shard: tuple[int, int] | None = None, contains: str | None = None
-) -> list[Case]:
-    """The cases of shard I/N (index % N == I - 1) whose ids contain `contains`."""
-    selected = list(cases)
-    if shard is not None:
-        index, count = shard
-        selected = [case for case in selected if case.index % count == index - 1]
-    if contains:
-        selected = [case for case in selected if contains in case.id]
-    return selected
