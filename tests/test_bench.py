@@ -36,6 +36,7 @@ from kdabench.bench import (
     summarize,
 )
 from kdabench.bench import cuda as bench_cuda
+from kdabench.kernel_records import plan_record
 from kdabench.receipts import load_receipt, verify_file
 from kdabench.report import bench_points, build_report
 
@@ -482,7 +483,7 @@ def test_kdabench_runs_plan_under_the_policy_mode():
     device = torch.device("cpu")
     plan, _ = bench_cuda.kdabench_runs(kernels, sets, shape, 4, device,
                                        policy_mode="HEURISTIC_ONLY")
-    assert bench_cuda.plan_record(plan) == {
+    assert plan_record(plan) == {
         "kernel_config": dataclasses.asdict(plan.config),
         "config_source": "heuristic (policy mode HEURISTIC_ONLY)",
         "policy_mode": "HEURISTIC_ONLY"}

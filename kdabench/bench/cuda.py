@@ -40,6 +40,7 @@ from kdabench.bench.shapes import BenchShape, ShapeSet
 from kdabench.bench.timing import capture_graph, cuda_event_timer
 from kdabench.bench.work import CHECKPOINTS, Ceilings, count_bytes
 from kdabench.inputs import KdaInputs, make_inputs
+from kdabench.kernel_records import plan_record
 
 DEFAULT_L2_BYTES = 50 * 1024 * 1024
 MIN_INPUT_SETS = 3
@@ -47,6 +48,7 @@ MAX_INPUT_SETS = 32
 COPY_BYTES = 1 << 30  # per side of the ceiling copy
 MATMUL_SIZE = 8192
 CEILING_REPS = 30
+REPLAY_TOLERANCE = 1e-3  # a replay recomputes the eager call on the same inputs
 
 
 def input_set_count(set_bytes: int, l2_bytes: int, minimum: int = MIN_INPUT_SETS) -> int:
@@ -136,15 +138,6 @@ def kdabench_runs(kernels: Any, sets: Sequence[KdaInputs], shape: BenchShape, ca
         )
         runs.append(KdabenchRun(binding, pool, final_slots))
     return plan, runs
-
-
-REPLAY_TOLERANCE = 1e-3  # a replay recomputes the eager call on the same inputs
-
-
-def plan_record(plan: Any) -> dict[str, Any]:
-    """What a receipt says of a plan's config: the config, its source and the policy mode."""
-    return {"kernel_config": dataclasses.asdict(plan.config),
-            "config_source": plan.config_source, "policy_mode": plan.policy_mode}
 
 
 def fla_call(chunk_kda: Callable, x: KdaInputs, *, graph_mode: bool = False

@@ -8,7 +8,6 @@ works only before `kdabench.kernels` is first imported.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from kdabench.inputs import KdaInputs, make_inputs
+from kdabench.kernel_records import config_record
 from kdabench.matrix import Case
 from kdabench.oracles import recurrent_kda, relative_error
 from kdabench.qualify.metadata import Metadata, build_metadata
@@ -125,19 +125,11 @@ def _caps(ctx: Context, case: Case, meta: Metadata, tokens: int):
     )
 
 
-KERNEL_RECORD_KEYS = ("kernel_config", "config_source", "policy_mode")
-
-
-def _plan_record(planned) -> dict[str, Any]:
-    """A plan's config, where it came from and the policy mode it was resolved under."""
-    return {"kernel_config": dataclasses.asdict(planned.config),
-            "config_source": planned.config_source, "policy_mode": planned.policy_mode}
-
-
 def _kernel_record(ctx: Context, caps, activation_dtype=torch.bfloat16) -> dict[str, Any]:
-    """What kda_prefill resolves for a call with these caps: the plan's config and source."""
-    return _plan_record(_kernels().plan(caps, activation_dtype=activation_dtype,
-                                        own_output=False))
+    """What kda_prefill resolves for a call with these caps: its config, source and mode
+    (resolved as plan() does, without allocating a second plan's workspaces)."""
+    resolved = _kernels().resolve_config(caps, activation_dtype=activation_dtype)
+    return config_record(resolved.config, resolved.source, resolved.mode.value)
 
 
 def _prefill(ctx: Context, x: KdaInputs, meta: Metadata, pool: torch.Tensor, dtype, *,

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from kdabench.kernel_records import KERNEL_RECORD_KEYS
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
-from kdabench.qualify.harness import KERNEL_RECORD_KEYS, Context
+from kdabench.qualify.harness import Context
 from kdabench.qualify.scenarios import RUNNERS
 from kdabench.receipts import new_receipt
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from kdabench.inputs import lengths_with_edges, make_inputs
+from kdabench.kernel_records import plan_record
 from kdabench.matrix import FAULT_VARIANTS, OFFSET_MODES, Case
 from kdabench.oracles import chunk_kda_mirror, prefix_batch, recurrent_kda, relative_error
 from kdabench.qualify.faults import DUPLICATE, FAULT_BITS, FAULTS, FOURTH_BITS, RANDOM_MUTATIONS
@@ -27,7 +28,6 @@ from kdabench.qualify.harness import (
     _kernels,
     _load_initial,
     _make_pool,
-    _plan_record,
     _prefill,
     _rejected_run,
     _result,
@@ -336,7 +336,7 @@ def run_graph(ctx: Context, case: Case) -> Outcome:
     out.checks.pop("expected_error_code", None)
     out.details["replays"] = replays
     out.shape = {"max_seqs": max_seqs, "max_tokens": tokens, "num_slots": num_slots}
-    out.kernel = _plan_record(planned)
+    out.kernel = plan_record(planned)
     out.samples_ms = _time(ctx, graph.replay)
     del graph
     return out
