@@ -79,3 +79,12 @@ def candidates(query: Any, grid: dict[str, list[Any]], device: Any = "cpu") -> C
         else:
             configs.append(config)
     return Candidates(configs, heuristic, refused, RULE)
+
+
+def narrowed(found: Candidates, first_query: str, shortlist: list[Any]) -> Candidates:
+    """The heuristic and the shortlisted configs of `found` (a shape's later query reusing the
+    fastest configs of its first); the rest are refused as outside the shortlist."""
+    kept = [found.heuristic] + [c for c in shortlist if c != found.heuristic and c in found.configs]
+    reason = f"outside the shortlist (the {len(shortlist)} fastest of {first_query})"
+    refused = found.refused + [(c, reason) for c in found.configs if c not in kept]
+    return Candidates(kept, found.heuristic, refused, found.rule)

@@ -8,9 +8,13 @@
 Top-level keys: ``schema`` (required), ``name``, ``head_dim`` (64 or 128; default 128),
 ``dtype`` (of q, k, v: bfloat16, float16 or float32; default bfloat16), ``gates`` (default
 ["precomputed"]), ``capacities`` (default [4, 1]), ``lower_bound`` (in [-5, 0); default -5),
-``seed`` (default 0). Tables:
+``seed`` (default 0), ``shortlist`` (default 0: every query times the whole grid; n > 0: the
+later capacities and gates of a shape time only the heuristic and the n fastest configs of
+the shape's first query, which saves most of the compiles). Tables:
 
-* ``[timing]`` ``reps`` (default 50) and ``warmup`` (default 5) per candidate config;
+* ``[timing]`` ``reps`` (default 50) and ``warmup`` (default 5) per candidate config, and
+  ``min_gain`` (default 0.03): a candidate replaces the heuristic only when its median is at
+  least that fraction faster, so noise never trades the fallback for an equal config;
 * ``[check]`` the oracle check of each winner on a smaller instance of its query: at most
   ``max_seqs`` (default 4) sequences of at most ``max_tokens / seqs`` tokens (default 1024,
   never under 32 per sequence), and ``tolerances`` = {output, state} (relative Frobenius
@@ -43,9 +47,9 @@ GATES = ("precomputed", "sigmoid", "softplus")
 CAPACITIES = (1, 2, 4)
 MIN_CHECK_LEN = 32  # four strictly increasing interior checkpoints
 TOP_KEYS = {"schema", "name", "head_dim", "dtype", "gates", "capacities", "lower_bound", "seed",
-            "timing", "check", "grid", "query"}
+            "shortlist", "timing", "check", "grid", "query"}
 QUERY_KEYS = {"tokens", "heads", "seqs"}
-TIMING_DEFAULTS = {"reps": 50, "warmup": 5}
+TIMING_DEFAULTS = {"reps": 50, "warmup": 5, "min_gain": 0.03}
 CHECK_DEFAULTS = {"max_tokens": 1024, "max_seqs": 4}
 TOLERANCE_DEFAULTS = {"output": 5e-3, "state": 3e-3}
 
@@ -102,11 +106,12 @@ class TuneQueries:
     sha256: str
     name: str
     seed: int
-    timing: dict[str, int]
+    timing: dict[str, Any]
     check: dict[str, Any]
     grid: dict[str, list[Any]]
     queries: tuple[TuneQuery, ...]
     document: dict[str, Any] = field(repr=False)
+    shortlist: int = 0
 
 
 def select_queries(queries: TuneQueries, patterns: list[str] | tuple[str, ...]) -> TuneQueries:
@@ -189,6 +194,7 @@ class _Validator:
                 or not -5.0 <= lower_bound < 0):
             raise self.fail(f"lower_bound must be a number in [-5, 0), got {lower_bound!r}")
         seed = self.integer("seed", document.get("seed", 0), minimum=0)
+        shortlist = self.integer("shortlist", document.get("shortlist", 0), minimum=0)
         timing = self.timing(document.get("timing", {}))
         check = self.check(document.get("check", {}))
         grid = self.grid(document.get("grid", {}))
@@ -198,13 +204,19 @@ class _Validator:
         self.distinct(queries)
         return TuneQueries(origin=self.origin, sha256=sha256,
                            name=str(document.get("name", "queries")), seed=seed, timing=timing,
-                           check=check, grid=grid, queries=tuple(queries), document=document)
+                           check=check, grid=grid, queries=tuple(queries), document=document,
+                           shortlist=shortlist)
 
-    def timing(self, value: Any) -> dict[str, int]:
+    def timing(self, value: Any) -> dict[str, Any]:
         table = self.table("timing", value, set(TIMING_DEFAULTS))
+        min_gain = table.get("min_gain", TIMING_DEFAULTS["min_gain"])
+        if (isinstance(min_gain, bool) or not isinstance(min_gain, (int, float))
+                or not 0 <= min_gain < 1):
+            raise self.fail(f"timing.min_gain must be a number in [0, 1), got {min_gain!r}")
         return {"reps": self.integer("timing.reps", table.get("reps", TIMING_DEFAULTS["reps"])),
                 "warmup": self.integer("timing.warmup",
-                                       table.get("warmup", TIMING_DEFAULTS["warmup"]), 0)}
+                                       table.get("warmup", TIMING_DEFAULTS["warmup"]), 0),
+                "min_gain": float(min_gain)}
 
     def check(self, value: Any) -> dict[str, Any]:
         table = self.table("check", value, {*CHECK_DEFAULTS, "tolerances"})

@@ -6,8 +6,10 @@ write the device's profile with the measurements behind each choice.
     result = Tune(load_queries(None)).run()       # needs a CUDA GPU (or an injected runner)
     result.profile_path, result.ok
 
-Per query: the candidates (kdabench.tune.grid) are timed one after the other on the same
-input sets (kdabench.tune.runner); the one with the lowest median is checked against the
+Per query: the candidates (kdabench.tune.grid; with a ``shortlist``, a shape's later queries
+take only the heuristic and the fastest configs of its first) are timed one after the other
+on the same input sets (kdabench.tune.runner); the one with the lowest median, unless it beats
+the heuristic by less than ``timing.min_gain`` (then the heuristic), is checked against the
 float64 recurrence on a smaller instance of the query, and if its errors pass the queries
 file's tolerances it is the entry's config; otherwise the next fastest is checked (at most
 MAX_ORACLE_TRIES). A query whose candidates all fail gets no entry and fails the run.
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kdabench.tune.grid import candidates, shared_memory_limit
+from kdabench.tune.grid import candidates, narrowed, shared_memory_limit
 from kdabench.tune.queries import TuneQueries, TuneQuery
 from kdabench.tune.runner import Runner, Timed
 
@@ -98,6 +100,7 @@ class Tune:
             self.notes.append(f"the catalog looks for {self.device['slug']}.json; this profile "
                               f"is named {self.out.name}")
         self.kept = self._existing_entries()
+        self.shortlists: dict[Any, tuple[str, list[Any]]] = {}  # shape -> (first query, configs)
 
     def _existing_entries(self) -> dict[Any, dict[str, Any]]:
         """Entries of the profile at `out` for queries this run does not tune."""
@@ -150,14 +153,18 @@ class Tune:
         """Time the candidates of one query and check the winner: (record, entry or None)."""
         started = time.perf_counter()
         found = candidates(query, self.queries.grid, self.runner.target())
+        if query.shape in self.shortlists:
+            found = narrowed(found, *self.shortlists[query.shape])
         timed = self.runner.measure(query, found.configs, self.timing["warmup"],
                                     self.timing["reps"], self.queries.seed)
         if len(timed) != len(found.configs):
             raise RuntimeError(f"the runner timed {len(timed)} of {len(found.configs)} configs")
         rows = [self._row(config, t, config == found.heuristic)
                 for config, t in zip(found.configs, timed, strict=True)]
-        ranked = sorted((i for i, row in enumerate(rows) if row["median_ms"] is not None),
-                        key=lambda i: rows[i]["median_ms"])
+        ranked = self._ranked(rows)
+        if self.queries.shortlist and query.shape not in self.shortlists:
+            self.shortlists[query.shape] = (
+                query.id, [found.configs[i] for i in ranked[:self.queries.shortlist]])
         winner, oracle, rejected = None, None, []
         for index in ranked[:MAX_ORACLE_TRIES]:
             oracle = self._check(query, found.configs[index])
@@ -176,6 +183,7 @@ class Tune:
             "refused": [{"config": dataclasses.asdict(c), "reason": reason}
                         for c, reason in found.refused],
             "rule": found.rule,
+            "min_gain": self.timing["min_gain"],
             "winner": None if winner is None else {
                 "index": winner, "median_ms": rows[winner]["median_ms"],
                 "heuristic_median_ms": heuristic_ms,
@@ -205,6 +213,18 @@ class Tune:
                      "measurements": measurements}
         record["wall_s"] = round(time.perf_counter() - started, 3)
         return record, entry
+
+    def _ranked(self, rows: list[dict[str, Any]]) -> list[int]:
+        """Indices of the timed rows, fastest first; the heuristic (row 0) goes first when the
+        fastest beats it by less than timing.min_gain."""
+        ranked = sorted((i for i, row in enumerate(rows) if row["median_ms"] is not None),
+                        key=lambda i: rows[i]["median_ms"])
+        heuristic_ms = rows[0]["median_ms"] if rows else None
+        if ranked and ranked[0] != 0 and heuristic_ms is not None and \
+                rows[ranked[0]]["median_ms"] > heuristic_ms * (1 - self.timing["min_gain"]):
+            ranked.remove(0)
+            ranked.insert(0, 0)
+        return ranked
 
     @staticmethod
     def _row(config: Any, timed: Timed, heuristic: bool) -> dict[str, Any]:

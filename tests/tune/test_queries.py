@@ -32,7 +32,8 @@ def test_default_queries_cover_the_bench_shapes_at_capacity_4_and_1():
 
 def test_defaults_of_an_almost_empty_file():
     queries = parse_queries(HEAD + ONE, origin="mine.toml")
-    assert queries.timing == {"reps": 50, "warmup": 5}
+    assert queries.timing == {"reps": 50, "warmup": 5, "min_gain": 0.03}
+    assert queries.shortlist == 0
     assert queries.check == {"max_tokens": 1024, "max_seqs": 4,
                              "tolerances": {"output": 5e-3, "state": 3e-3}}
     assert queries.grid == {}
@@ -70,6 +71,8 @@ def test_check_instance_is_smaller():
     (HEAD + "lower_bound = -6\n" + ONE, "lower_bound must be"),
     (HEAD + "[timing]\nreps = 0\n" + ONE, "timing.reps must be an integer >= 1"),
     (HEAD + "[timing]\nrepeats = 3\n" + ONE, "[timing]: unknown key(s) repeats"),
+    (HEAD + "[timing]\nmin_gain = 1.5\n" + ONE, "timing.min_gain must be a number in [0, 1)"),
+    (HEAD + "shortlist = -1\n" + ONE, "shortlist must be an integer >= 0"),
     (HEAD + "[check]\nmax_tokens = 8\n" + ONE, "check.max_tokens must be an integer >= 32"),
     (HEAD + "[check]\ntolerances = { output = -1 }\n" + ONE, "check.tolerances.output must"),
     (HEAD + "[grid]\nblock_size = [32]\n" + ONE, "[grid]: unknown key(s) block_size"),
@@ -78,7 +81,7 @@ def test_check_instance_is_smaller():
     (HEAD + "[[query]\n", "TOML syntax error"),
 ], ids=["schema", "unknown-top", "no-queries", "missing-tokens", "seqs-divide", "short",
         "duplicate", "same-bucket", "head-dim", "dtype", "gate", "capacity", "no-capacity",
-        "lower-bound", "reps", "timing-key", "check-tokens", "tolerance", "grid-field",
+        "lower-bound", "reps", "timing-key", "min-gain", "shortlist", "check-tokens", "tolerance", "grid-field",
         "grid-type", "grid-empty", "syntax"])
 def test_queries_file_errors(text, fragment):
     with pytest.raises(QueriesError) as caught:

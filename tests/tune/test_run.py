@@ -172,7 +172,40 @@ def test_reps_override_the_queries_file(tmp_path, tiny):
     runner = FakeRunner()
     _, result = tune(tmp_path, tiny, runner, reps=3)
     assert {m[3] for m in runner.measured} == {3}
-    assert result.profile["tune"]["timing"] == {"reps": 3, "warmup": 1}
+    assert result.profile["tune"]["timing"] == {"reps": 3, "warmup": 1, "min_gain": 0.03}
+
+
+def test_a_candidate_must_beat_the_heuristic_by_min_gain(tmp_path, tiny):
+    query = tiny.queries[0]
+    found = candidates(query, tiny.grid)
+    gain = 1 - fake_ms(query, best(query, found.configs)) / fake_ms(query, found.heuristic)
+    assert gain > 0.05
+    for min_gain, expected in ((gain - 0.01, best(query, found.configs)),
+                               (gain + 0.01, found.heuristic)):
+        queries = parse_queries(TINY_QUERIES.replace("warmup = 1", f"warmup = 1\nmin_gain = "
+                                                     f"{min_gain}"))
+        tune(tmp_path, queries)
+        entry = find_profile(H200, tmp_path).lookup(query.catalog_query())
+        assert entry.config == expected and entry.measurements["min_gain"] == min_gain
+
+
+def test_a_shortlist_narrows_the_later_queries_of_a_shape(tmp_path):
+    queries = parse_queries(TINY_QUERIES.replace("capacities = [4, 1]",
+                                                 "capacities = [4, 1]\nshortlist = 2"))
+    runner = FakeRunner()
+    _, result = tune(tmp_path, queries, runner)
+    assert result.ok
+    measured = {query_id: configs for query_id, configs, _, _ in runner.measured}
+    first, later = queries.queries[0], queries.queries[1]
+    assert later.shape == first.shape and later.capacity == 1
+    full = candidates(first, queries.grid).configs
+    fastest = sorted(full, key=lambda c: fake_ms(first, c))[:2]
+    assert measured[first.id] == full
+    assert measured[later.id][0] == candidates(later, queries.grid).heuristic
+    assert set(measured[later.id][1:]) == set(fastest) - {measured[later.id][0]}
+    refused = find_profile(H200, tmp_path).lookup(later.catalog_query()).measurements["refused"]
+    assert sum("outside the shortlist" in r["reason"] for r in refused) == \
+        len(full) - len(measured[later.id])
 
 
 # --------------------------------------------------------------------------- real kernels
