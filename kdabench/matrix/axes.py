@@ -137,6 +137,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("graph", KERNEL_AXES, options={"replays": 6}, gpu_only=True),
         # written and read slots past the 2^31-element line of the pool
         Scenario("int32-boundary", KERNEL_AXES, gpu_only=True),
+        # every distinct config of the device's profile, each forced, against one oracle run
+        Scenario("profile-configs", KERNEL_AXES),
         # seeded random metadata sets, a share of them invalid
         Scenario("fuzz", ("capacity", "heads", "head_dim", *GATE_AXES, "seed"),
                  options={"sets": 24, "invalid_share": 0.35, "max_seqs": 6, "max_len": 48}),

@@ -19,8 +19,8 @@ A case's record: id, index, scenario, params, shape, errors, tolerances, checks,
 CPU tier: None and []), kernel_config, config_source and policy_mode (what plan() resolves
 for the call: the config, where it came from, e.g. "profile nvidia-h200.json (query v1 ...)"
 or "heuristic (no profile entry for ...)", and the mode; None for cases that plan no kernel
-call). The receipt's config records the policy mode of the run ($KDABENCH_POLICY_MODE, else
-AUTO).
+call; a profile-configs case lists every config it forced, with mode None). The receipt's
+config records the policy mode of the run ($KDABENCH_POLICY_MODE, else AUTO).
 
 The CPU tier runs the Triton kernels under the interpreter: `prepare_tier("cpu")` sets
 TRITON_INTERPRET=1, which works only before `kdabench.kernels` is first imported, so this
@@ -28,9 +28,10 @@ package imports the kernels lazily.
 
 The modules: `metadata` (one call's metadata and how valid metadata is drawn), `faults`
 (mutations that break exactly one metadata rule), `harness` (what the runners share: the
-context, the outcome, one kernel call, the checks), `scenarios` (one runner per scenario),
-`run` (tiers, the run loop, the receipt, summaries) and `parallel` (shards in worker
-processes, one per GPU or N on the CPU, merged into one receipt).
+context, the outcome, one kernel call, the checks), `scenarios` (one runner per scenario, and
+RUNNERS, the table of them), `profile_configs` (the runner that forces each config of the
+device's profile in turn), `run` (tiers, the run loop, the receipt, summaries) and `parallel`
+(shards in worker processes, one per GPU or N on the CPU, merged into one receipt).
 """
 
 from kdabench.qualify.faults import (
@@ -52,6 +53,7 @@ from kdabench.qualify.parallel import (
     parse_gpus,
     visible_gpus,
 )
+from kdabench.qualify.profile_configs import config_label, run_profile_configs
 from kdabench.qualify.run import (
     Qualification,
     QualifyError,
@@ -84,9 +86,9 @@ __all__ = [
     "MALFORMED", "MULTICAST_OFF", "OUT_OF_RANGE", "RANDOM_MUTATIONS", "RUNNERS", "SENTINEL",
     "CannotBuild", "Context", "Metadata", "Outcome", "ParallelQualification", "Qualification",
     "QualifyError", "QualifyResult", "WorkerFailed",
-    "build_metadata", "check_rejected", "check_valid", "choose_offsets", "default_out_dir",
-    "default_tier", "fmt_error", "parse_gpus", "prepare_tier", "run_accuracy", "run_case",
-    "run_contract", "run_fault", "run_fuzz", "run_graph", "run_inactive", "run_int32_boundary",
-    "run_invalid_fourth", "run_mirror", "run_poisoned", "run_prefix", "summarize_by_scenario",
-    "visible_gpus",
+    "build_metadata", "check_rejected", "check_valid", "choose_offsets", "config_label",
+    "default_out_dir", "default_tier", "fmt_error", "parse_gpus", "prepare_tier", "run_accuracy",
+    "run_case", "run_contract", "run_fault", "run_fuzz", "run_graph", "run_inactive",
+    "run_int32_boundary", "run_invalid_fourth", "run_mirror", "run_poisoned", "run_prefix",
+    "run_profile_configs", "summarize_by_scenario", "visible_gpus",
 ]

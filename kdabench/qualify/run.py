@@ -83,7 +83,7 @@ def run_case(ctx: Context, case: Case) -> dict[str, Any]:
         samples = outcome.samples_ms
         record.update(
             verdict="fail" if outcome.failures else "pass",
-            message="; ".join(outcome.failures[:8]) or None,
+            message="; ".join(outcome.failures[:8]) or outcome.note,
             errors=outcome.errors, checks=outcome.checks, shape=outcome.shape,
             median_ms=round(statistics.median(samples), 5) if samples else None,
             samples_ms=samples, **outcome.kernel,

@@ -1,4 +1,5 @@
-"""One runner per scenario, and RUNNERS, the table from scenario name to runner.
+"""One runner per scenario (profile-configs: kdabench.qualify.profile_configs), and RUNNERS,
+the table from scenario name to runner.
 
 A runner takes the run's Context and a Case and returns the Outcome it found.
 """
@@ -38,6 +39,7 @@ from kdabench.qualify.harness import (
     check_valid,
 )
 from kdabench.qualify.metadata import CHUNK, CannotBuild, Metadata, build_metadata, choose_offsets
+from kdabench.qualify.profile_configs import run_profile_configs
 
 INT32_LINE = 2**31  # elements: slots past it need 64-bit addressing
 
@@ -462,6 +464,7 @@ RUNNERS: dict[str, Callable[[Context, Case], Outcome]] = {
     "fault": run_fault,
     "graph": run_graph,
     "int32-boundary": run_int32_boundary,
+    "profile-configs": run_profile_configs,
     "fuzz": run_fuzz,
     "mirror": run_mirror,
     "contract": run_contract,
