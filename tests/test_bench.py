@@ -17,6 +17,7 @@ import torch
 from kdabench.bench import (
     FLA,
     KDABENCH,
+    KDABENCH_BASELINE,
     KDABENCH_C1,
     Bench,
     BenchError,
@@ -31,11 +32,13 @@ from kdabench.bench import (
     floor,
     load_shapes,
     parse_shapes,
+    policy_metrics,
     relative_error,
     shape_metrics,
     summarize,
 )
 from kdabench.bench import cuda as bench_cuda
+from kdabench.compare import compare_paths
 from kdabench.kernel_records import plan_record
 from kdabench.receipts import load_receipt, verify_file
 from kdabench.report import bench_points, build_report
@@ -57,7 +60,9 @@ heads = 2
 
 # Nominal milliseconds per 1024 tokens and head, per kernel and mode.
 FAKE_MS = {("eager", FLA): 0.40, ("eager", KDABENCH): 0.20, ("eager", KDABENCH_C1): 0.19,
-           ("graph", FLA): 0.20, ("graph", KDABENCH): 0.08, ("graph", KDABENCH_C1): 0.078}
+           ("eager", KDABENCH_BASELINE): 0.24,
+           ("graph", FLA): 0.20, ("graph", KDABENCH): 0.08, ("graph", KDABENCH_C1): 0.078,
+           ("graph", KDABENCH_BASELINE): 0.10}
 
 
 def fake_timer(calls, warmup, reps):
@@ -67,15 +72,20 @@ def fake_timer(calls, warmup, reps):
 
 
 class FakeBackend:
-    """Deterministic timings; kdabench's output is fla's plus `output_error` (relative)."""
+    """Deterministic timings; kdabench's output is fla's plus `output_error` (relative), the
+    baseline's is kdabench's plus `baseline_error`. Every kdabench plan resolves block_v 32 but
+    the baseline's at T = 64 (block_v 16): the configs differ at that shape only."""
 
     def __init__(self, *, fla_reason: str | None = None, output_error: float = 1e-3,
-                 fla_graph: bool = True, fail_prepare: bool = False, unavailable=None):
+                 fla_graph: bool = True, fail_prepare: bool = False, unavailable=None,
+                 baseline_error: float = 0.0):
         self.timer = fake_timer
         self.fla_reason, self.output_error = fla_reason, output_error
         self.fla_graph, self.fail_prepare, self._unavailable = fla_graph, fail_prepare, unavailable
+        self.baseline_error = baseline_error
         self.released = 0
         self.policy_modes = []
+        self.baseline_policies = []
 
     def unavailable(self):
         return self._unavailable
@@ -89,8 +99,9 @@ class FakeBackend:
     def ceilings(self):
         return Ceilings(4.0e12, 7.0e14, {"copy": {"samples_ms": [1.0]}})
 
-    def prepare(self, shape, shapes, kernels, modes, policy_mode=None):
+    def prepare(self, shape, shapes, kernels, modes, policy_mode=None, baseline_policy=None):
         self.policy_modes.append(policy_mode)
+        self.baseline_policies.append(baseline_policy)
         if self.fail_prepare:
             raise RuntimeError("out of fake memory")
         scale = shape.tokens * shape.heads / 1024
@@ -108,14 +119,25 @@ class FakeBackend:
         state = torch.randn(shape.seqs, shape.heads, shapes.head_dim, shapes.head_dim,
                             generator=gen)
 
+        def noisy(tensor, error):
+            noise = torch.randn(tensor.shape, generator=gen)
+            return tensor + noise * error * tensor.norm() / noise.norm()
+
         def outputs():
             found = Outputs()
-            noise = torch.randn(reference.shape, generator=gen)
-            ours = reference + noise * self.output_error * reference.norm() / noise.norm()
+            ours = noisy(reference, self.output_error)
+            baseline = noisy(ours, self.baseline_error)
             for kernel in kernels:
-                found.output[kernel] = reference if kernel == FLA else ours
+                found.output[kernel] = {FLA: reference, KDABENCH_BASELINE: baseline}.get(
+                    kernel, ours)
                 found.final_state[kernel] = state
             return found
+
+        def record(kernel):
+            mode = baseline_policy if kernel == KDABENCH_BASELINE else policy_mode
+            block_v = 16 if kernel == KDABENCH_BASELINE and shape.tokens == 64 else 32
+            return {"kernel_config": {"block_v": block_v}, "config_source": f"fake ({mode})",
+                    "policy_mode": mode}
 
         def release():
             self.released += 1
@@ -124,8 +146,7 @@ class FakeBackend:
             shape.tokens, shape.heads, shapes.head_dim, shape.seqs),
             calls={k: calls(k) for k in kernels}, outputs=outputs, check=list,
             release=release, details={"kernel_configs": {
-                k: {"kernel_config": {"block_v": 32}, "config_source": f"fake ({policy_mode})",
-                    "policy_mode": policy_mode} for k in kernels if k != FLA}})
+                k: record(k) for k in kernels if k != FLA}})
 
 
 @pytest.fixture
@@ -234,6 +255,34 @@ def test_ratio_overhead_and_summary_math():
     assert summary["graph"]["median_export_overhead"] == pytest.approx(0.15)
     assert summary["graph"]["median_kdabench_to_floor"] == 3.0
     assert summary["eager"]["median_ratio_fla_over_kdabench"] is None
+
+
+def test_policy_gain_is_the_baseline_over_kdabench():
+    modes = {"graph": {KDABENCH: {"median_ms": 1.0}, KDABENCH_BASELINE: {"median_ms": 1.2}},
+             "eager": {KDABENCH: {"median_ms": 2.0}}}
+    configs = {KDABENCH: {"kernel_config": {"block_v": 32}},
+               KDABENCH_BASELINE: {"kernel_config": {"block_v": 16}}}
+    metrics = policy_metrics(modes, configs)
+    assert metrics["policy_gain"]["graph"] == pytest.approx(1.2)  # slower baseline: above 1
+    assert metrics["policy_gain"]["eager"] is None
+    assert metrics["same_config"] is False
+    assert policy_metrics(modes, {**configs, KDABENCH_BASELINE: configs[KDABENCH]})[
+        "same_config"] is True
+    assert policy_metrics(modes, None)["same_config"] is None
+    cases = [{"shape": "a", **metrics},
+             {"shape": "b", "policy_gain": {"graph": 0.9}, "same_config": True},
+             {"shape": "c", "policy_gain": {"graph": 1.5}, "same_config": False},
+             {"shape": "d", "verdict": "error"}]
+    summary = summarize(cases, ["graph", "eager"], baseline=True)
+    graph = summary["per_mode"]["graph"]
+    assert graph["median_policy_gain"] == pytest.approx(1.2)
+    assert graph["min_policy_gain"] == pytest.approx(0.9)
+    assert graph["policy_gain_by_shape"] == {"a": pytest.approx(1.2), "b": 0.9, "c": 1.5}
+    assert summary["per_mode"]["eager"]["median_policy_gain"] is None
+    assert (summary["same_config_shapes"], summary["config_compared_shapes"]) == (1, 3)
+    plain = summarize(cases, ["graph"])
+    assert "same_config_shapes" not in plain and "median_policy_gain" not in \
+        plain["per_mode"]["graph"]
 
 
 def test_relative_error():
@@ -473,6 +522,94 @@ def test_the_policy_mode_defaults_to_the_environment_then_auto(tmp_path, tiny, m
         Bench(tiny, backend=FakeBackend(), policy_mode="fast")
 
 
+def test_a_baseline_policy_is_timed_and_recorded_beside_kdabench(tmp_path, tiny):
+    backend = FakeBackend()
+    result = run_fake(tmp_path, tiny, backend=backend, policy_mode="auto",
+                      baseline_policy="heuristic-only")
+    assert result.ok and verify_file(result.receipt_path).ok
+    assert backend.policy_modes == ["AUTO", "AUTO"]
+    assert backend.baseline_policies == ["HEURISTIC_ONLY", "HEURISTIC_ONLY"]
+    receipt = load_receipt(result.receipt_path)
+    config = receipt["config"]
+    assert (config["policy_mode"], config["baseline_policy"]) == ("AUTO", "HEURISTIC_ONLY")
+    assert config["kernels"] == [FLA, KDABENCH, KDABENCH_C1, KDABENCH_BASELINE]
+    first, second = receipt["cases"]
+    scale = 64 / 1024
+    for mode, ms in (("eager", 0.24), ("graph", 0.10)):
+        entry = first["modes"][mode][KDABENCH_BASELINE]
+        assert entry["median_ms"] == pytest.approx(ms * scale) and len(entry["samples_ms"]) == 11
+    # baseline 0.10 / kdabench 0.08 in graph mode, 0.24 / 0.20 eager: the profile is faster
+    assert first["policy_gain"] == {"eager": pytest.approx(1.2), "graph": pytest.approx(1.25)}
+    assert first["kernel_configs"][KDABENCH_BASELINE] == {
+        "kernel_config": {"block_v": 16}, "config_source": "fake (HEURISTIC_ONLY)",
+        "policy_mode": "HEURISTIC_ONLY"}
+    assert first["kernel_configs"][KDABENCH]["policy_mode"] == "AUTO"
+    assert (first["same_config"], second["same_config"]) == (False, True)
+    assert first["sanity"]["baseline_output"] == 0.0
+    summary = config["bench_summary"]
+    assert summary["per_mode"]["graph"]["median_policy_gain"] == pytest.approx(1.25)
+    assert summary["per_mode"]["eager"]["min_policy_gain"] == pytest.approx(1.2)
+    assert (summary["same_config_shapes"], summary["config_compared_shapes"]) == (1, 2)
+    shown = result.to_dict()
+    assert shown["baseline_policy"] == "HEURISTIC_ONLY"
+    assert shown["shapes"][0]["policy_gain"]["graph"] == pytest.approx(1.25)
+    assert shown["shapes"][1]["same_config"] is True
+    assert KDABENCH_BASELINE in {p.kernel for p in bench_points(first)}
+    assert len(result.plots) == 2
+    # kdabench report and kdabench compare read a receipt with the extra kernel
+    report = build_report([result.receipt_path], tmp_path / "report")
+    assert f"{KDABENCH_BASELINE} (ms)" in report.markdown_path.read_text()
+    again = run_fake(tmp_path / "again", tiny, policy_mode="AUTO", plot=False,
+                     baseline_policy="HEURISTIC_ONLY")
+    comparison = compare_paths(result.receipt_path, again.receipt_path)
+    assert {c.verdict for c in comparison.cases} == {"unchanged"}
+    assert not comparison.has_regression
+
+
+def test_without_a_baseline_there_is_no_baseline_kernel_nor_policy_gain(tmp_path, tiny):
+    backend = FakeBackend()
+    result = run_fake(tmp_path, tiny, backend=backend, plot=False)
+    assert backend.baseline_policies == [None, None]
+    receipt = load_receipt(result.receipt_path)
+    assert receipt["config"]["baseline_policy"] is None
+    assert KDABENCH_BASELINE not in receipt["config"]["kernels"]
+    case = receipt["cases"][0]
+    assert KDABENCH_BASELINE not in case["kernels"] and KDABENCH_BASELINE not in \
+        case["kernel_configs"]
+    assert "policy_gain" not in case and "same_config" not in case
+    assert case["sanity"]["baseline_output"] is None
+    assert "median_policy_gain" not in receipt["config"]["bench_summary"]["per_mode"]["graph"]
+    assert "same_config_shapes" not in receipt["config"]["bench_summary"]
+    shown = result.to_dict()
+    assert shown["baseline_policy"] is None and shown["shapes"][0]["policy_gain"] is None
+
+
+def test_a_baseline_whose_output_differs_fails_the_case(tmp_path, tiny):
+    result = run_fake(tmp_path, tiny, backend=FakeBackend(baseline_error=0.2), plot=False,
+                      baseline_policy="HEURISTIC_ONLY")
+    assert {c["verdict"] for c in result.cases} == {"fail"}
+    assert result.cases[0]["sanity"]["baseline_output"] == pytest.approx(0.2, rel=1e-3)
+    assert "kdabench-baseline output differs from kdabench's by 0.2" in \
+        result.cases[0]["message"]
+
+
+def test_the_baseline_policy_must_be_another_mode(tmp_path, tiny, monkeypatch):
+    monkeypatch.delenv("KDABENCH_POLICY_MODE", raising=False)
+    with pytest.raises(BenchError, match="--baseline-policy AUTO is the run's policy mode"):
+        Bench(tiny, backend=FakeBackend(), out_dir=tmp_path, baseline_policy="auto")
+    with pytest.raises(BenchError, match="--baseline-policy HEURISTIC_ONLY is the run's"):
+        Bench(tiny, backend=FakeBackend(), out_dir=tmp_path, policy_mode="heuristic_only",
+              baseline_policy="Heuristic-Only")
+    monkeypatch.setenv("KDABENCH_POLICY_MODE", "PREPLANNED_ONLY")
+    with pytest.raises(BenchError, match="--baseline-policy PREPLANNED_ONLY is the run's"):
+        Bench(tiny, backend=FakeBackend(), out_dir=tmp_path, baseline_policy="preplanned_only")
+    with pytest.raises(BenchError, match="--baseline-policy: policy_mode 'best' is not a "
+                       "policy mode"):
+        Bench(tiny, backend=FakeBackend(), out_dir=tmp_path, baseline_policy="best")
+    bench = Bench(tiny, backend=FakeBackend(), out_dir=tmp_path, baseline_policy="auto")
+    assert (bench.policy_mode, bench.baseline_policy) == ("PREPLANNED_ONLY", "AUTO")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="plans on the CPU under the interpreter")
 def test_kdabench_runs_plan_under_the_policy_mode():
     from kdabench import kernels
@@ -507,6 +644,26 @@ def test_cuda_backend_records_what_its_plans_resolved(tiny):
         for entry in resolved.values():
             assert entry["config_source"] == "heuristic (policy mode HEURISTIC_ONLY)"
             assert entry["policy_mode"] == "HEURISTIC_ONLY" and "block_v" in entry["kernel_config"]
+    finally:
+        prepared.release()
+
+
+@pytest.mark.gpu
+def test_cuda_backend_plans_the_baseline_under_its_own_mode(tiny):
+    backend = bench_cuda.CudaBackend()
+    prepared = backend.prepare(tiny.shapes[0], tiny, [KDABENCH, KDABENCH_BASELINE],
+                               ["eager", "graph"], policy_mode="AUTO",
+                               baseline_policy="HEURISTIC_ONLY")
+    try:
+        resolved = prepared.details["kernel_configs"]
+        assert resolved[KDABENCH]["policy_mode"] == "AUTO"
+        assert resolved[KDABENCH_BASELINE]["config_source"] == \
+            "heuristic (policy mode HEURISTIC_ONLY)"
+        calls = prepared.calls[KDABENCH_BASELINE]
+        assert calls.graph is not None and "replay checked" in calls.graph_note
+        outputs = prepared.outputs()
+        assert relative_error(outputs.output[KDABENCH_BASELINE],
+                              outputs.output[KDABENCH]) < 1e-2
     finally:
         prepared.release()
 

@@ -2,13 +2,15 @@
 floor measured in the same run, written as a bench receipt and plots.
 
 Modules: `shapes` (the shapes file), `work` (bytes, FLOPs, floor), `timing` (the injectable
-timer, graph capture), `backend` (what a device provides), `cuda` (the real one), `run` (the
-runner, summary and receipt), `plots` (PNGs beside the receipt).
+timer, graph capture), `backend` (what a device provides), `cuda` (the real one), `summary`
+(per-shape metrics and the summary over the shapes), `run` (the runner and receipt), `plots`
+(PNGs beside the receipt).
 """
 
 from kdabench.bench.backend import (
     FLA,
     KDABENCH,
+    KDABENCH_BASELINE,
     KDABENCH_C1,
     MODES,
     Backend,
@@ -23,17 +25,16 @@ from kdabench.bench.run import (
     BenchError,
     BenchResult,
     relative_error,
-    shape_metrics,
-    summarize,
 )
 from kdabench.bench.shapes import BenchShape, ShapesError, ShapeSet, load_shapes, parse_shapes
+from kdabench.bench.summary import policy_metrics, shape_metrics, summarize
 from kdabench.bench.timing import Timer, capture_graph, cuda_event_timer
 from kdabench.bench.work import Ceilings, count_bytes, count_flops, floor
 
 __all__ = [
-    "AGAINST", "FLA", "KDABENCH", "KDABENCH_C1", "MODES", "SANITY_TOLERANCE", "Backend", "Bench",
-    "BenchError", "BenchResult", "BenchShape", "Ceilings", "KernelCalls", "Outputs", "Prepared",
-    "ShapeSet", "ShapesError", "Timer", "capture_graph", "count_bytes", "count_flops",
-    "cuda_event_timer", "floor", "load_shapes", "parse_shapes", "relative_error",
-    "shape_metrics", "summarize",
+    "AGAINST", "FLA", "KDABENCH", "KDABENCH_BASELINE", "KDABENCH_C1", "MODES",
+    "SANITY_TOLERANCE", "Backend", "Bench", "BenchError", "BenchResult", "BenchShape",
+    "Ceilings", "KernelCalls", "Outputs", "Prepared", "ShapeSet", "ShapesError", "Timer",
+    "capture_graph", "count_bytes", "count_flops", "cuda_event_timer", "floor", "load_shapes",
+    "parse_shapes", "policy_metrics", "relative_error", "shape_metrics", "summarize",
 ]

@@ -4,7 +4,8 @@ The CUDA backend (:mod:`kdabench.bench.cuda`) builds real kernels; tests inject 
 with deterministic timings so the whole pipeline runs on a CPU.
 
 Kernel names: ``kdabench`` (capacity 4, four active checkpoints per sequence),
-``kdabench-c1`` (capacity 1, one active checkpoint per sequence) and ``fla``
+``kdabench-c1`` (capacity 1, one active checkpoint per sequence), ``kdabench-baseline``
+(as ``kdabench``, its config resolved under the baseline policy mode) and ``fla``
 (``fla.ops.kda.chunk_kda`` with its final state).
 """
 
@@ -20,6 +21,7 @@ from kdabench.bench.work import Ceilings
 
 KDABENCH = "kdabench"
 KDABENCH_C1 = "kdabench-c1"
+KDABENCH_BASELINE = "kdabench-baseline"
 FLA = "fla"
 MODES = ("eager", "graph")
 
@@ -72,7 +74,9 @@ class Backend(Protocol):
         """Measure the copy bandwidth and the bf16 matmul rate."""
 
     def prepare(self, shape: BenchShape, shapes: ShapeSet, kernels: Sequence[str],
-                modes: Sequence[str], policy_mode: str | None = None) -> Prepared:
+                modes: Sequence[str], policy_mode: str | None = None,
+                baseline_policy: str | None = None) -> Prepared:
         """Allocate inputs, bind and warm the kernels, capture graphs for ``modes``; the
-        kdabench plans resolve their configs under ``policy_mode`` and ``details`` carries
-        ``kernel_configs`` = {kernel: {kernel_config, config_source, policy_mode}}."""
+        kdabench plans resolve their configs under ``policy_mode`` (kdabench-baseline's under
+        ``baseline_policy``) and ``details`` carries ``kernel_configs`` = {kernel:
+        {kernel_config, config_source, policy_mode}}."""

@@ -1,4 +1,4 @@
-"""The CUDA backend of `kdabench bench`: input sets, the three kernels, the two ceilings.
+"""The CUDA backend of `kdabench bench`: input sets, the kernels, the two ceilings.
 
 Input sets. Set 0 is :func:`kdabench.inputs.make_inputs` (seeded); set i > 0 is set 0 with
 every token tensor rolled by i * T / n tokens and the initial state negated for odd i (still
@@ -11,8 +11,9 @@ shared by the sets), a binding per input set with its own state pool and output;
 calls are ``run(binding)`` and graphs capture that call once per set. The pool of a
 sequence n holds its initial state in slot n (read), its final state goes to slot N + n and
 its checkpoints to slots 2N + 4n ... (written), so every run reads the same inputs. Each plan
-resolves its kernel config under the bench's policy mode; the config, its source and the mode
-go into the case record (``kernel_configs``).
+resolves its kernel config under the bench's policy mode (kdabench-baseline, capacity 4 like
+kdabench: under the baseline policy mode); the config, its source and the mode go into the
+case record (``kernel_configs``).
 Capacity 4: offsets L/5, 2L/5, 3L/5 + 3, 4L/5 + 3 of each sequence of L tokens; capacity 2
 (tuning): L/3 and 2L/3; capacity 1: one offset at L/2. fla: ``chunk_kda(q[None], k[None], v[None], g[None], beta[None],
 initial_state=S0 [N, H, K, V], output_final_state=True, cu_seqlens=int64, safe_gate=True,
@@ -35,7 +36,15 @@ from typing import Any
 
 import torch
 
-from kdabench.bench.backend import FLA, KDABENCH, KDABENCH_C1, KernelCalls, Outputs, Prepared
+from kdabench.bench.backend import (
+    FLA,
+    KDABENCH,
+    KDABENCH_BASELINE,
+    KDABENCH_C1,
+    KernelCalls,
+    Outputs,
+    Prepared,
+)
 from kdabench.bench.shapes import BenchShape, ShapeSet
 from kdabench.bench.timing import capture_graph, cuda_event_timer
 from kdabench.bench.work import CHECKPOINTS, Ceilings, count_bytes
@@ -241,7 +250,8 @@ class CudaBackend:
         )
 
     def prepare(self, shape: BenchShape, shapes: ShapeSet, kernels: Sequence[str],
-                modes: Sequence[str], policy_mode: str | None = None) -> Prepared:
+                modes: Sequence[str], policy_mode: str | None = None,
+                baseline_policy: str | None = None) -> Prepared:
         from kdabench import kernels as kda
 
         device = torch.device("cuda", torch.cuda.current_device())
@@ -251,15 +261,16 @@ class CudaBackend:
                            lower_bound=shapes.lower_bound, seed=shapes.seed, device=device)
         sets = rotated_sets(base, count)
         calls: dict[str, KernelCalls] = {}
-        plans: list[Any] = []
+        plans: dict[str, Any] = {}
         kda_runs: dict[str, list[KdabenchRun]] = {}
         resolved: dict[str, dict[str, Any]] = {}
-        for name, capacity in ((KDABENCH, CHECKPOINTS), (KDABENCH_C1, 1)):
+        for name, capacity, mode in ((KDABENCH, CHECKPOINTS, policy_mode),
+                                     (KDABENCH_C1, 1, policy_mode),
+                                     (KDABENCH_BASELINE, CHECKPOINTS, baseline_policy)):
             if name not in kernels:
                 continue
-            plan, runs = kdabench_runs(kda, sets, shape, capacity, device,
-                                       policy_mode=policy_mode)
-            plans.append(plan)
+            plan, runs = kdabench_runs(kda, sets, shape, capacity, device, policy_mode=mode)
+            plans[name] = plan
             resolved[name] = plan_record(plan)
             kda_runs[name] = runs
             eager = [(lambda b=r.binding: kda.run(b)) for r in runs]
@@ -296,10 +307,10 @@ class CudaBackend:
         def check() -> list[str]:
             torch.cuda.synchronize()
             problems = []
-            for plan in plans:
+            for name, plan in plans.items():
                 code = int(plan.error_code.item())
                 if code:
-                    problems.append(f"kdabench capacity {plan.caps.max_checkpoints}: error code "
+                    problems.append(f"{name} (capacity {plan.caps.max_checkpoints}): error code "
                                     f"{code} ({kda.decode_error_code(code)})")
             return problems
 

@@ -6,11 +6,12 @@
     result.receipt_path, result.summary, result.plots
 
 Per shape, on the same input sets in one process: ``fla`` (when present and asked for),
-``kdabench`` (capacity 4, four active checkpoints per sequence) and ``kdabench-c1``
-(capacity 1, one active checkpoint per sequence), each in every mode asked for: ``eager``
-(a call per sample) and ``graph`` (a CUDA-graph replay per sample). Eager is compared with
-eager and graph with graph; graph replay measures the GPU work, eager adds each API's host
-work between launches.
+``kdabench`` (capacity 4, four active checkpoints per sequence), ``kdabench-c1``
+(capacity 1, one active checkpoint per sequence) and, with a baseline policy mode,
+``kdabench-baseline`` (``kdabench`` with its config resolved under that mode), each in every
+mode asked for: ``eager`` (a call per sample) and ``graph`` (a CUDA-graph replay per
+sample). Eager is compared with eager and graph with graph; graph replay measures the GPU
+work, eager adds each API's host work between launches.
 
 Definitions (per shape and mode; all medians of the raw samples, which are kept):
     ratio            fla median / kdabench median (above 1: kdabench is faster)
@@ -19,40 +20,48 @@ Definitions (per shape and mode; all medians of the raw samples, which are kept)
     tokens/s         T / median
     to floor         median / floor (kdabench.bench.work: bytes and FLOPs at the rates
                      measured in the same run)
+    policy gain      kdabench-baseline median / kdabench median (above 1: the policy mode's
+                     configs are faster than the baseline policy mode's); where both plans
+                     resolved the same config (``same_config``) it measures noise only
 Sanity check: kdabench's output against fla's on input set 0, relative Frobenius error;
 above 5e-2 the case fails (the two compute the same function: a miss means a misuse of
-one API). The final states and capacity 1 against capacity 4 are recorded alongside.
+one API); likewise kdabench-baseline's output against kdabench's, so a wrong config cannot
+look fast. The final states and capacity 1 against capacity 4 are recorded alongside.
 
 Receipt (kind "bench"): one case per shape with the fields :mod:`kdabench.report` reads
 (``shape`` label, ``T``, ``H``, ``seqs``, ``floor_ms``, ``kernels`` = the primary mode's
 {kernel: {median_ms, samples_ms}}; primary is graph when measured, else eager) plus
 ``modes`` = {mode: {kernel: {median_ms, samples_ms, tokens_per_s, to_floor}}},
 ``ratio_fla_over_kdabench``, ``export_overhead`` = {mode: value}, ``floor``, ``sanity``,
-``graph_notes``, ``input_sets``, and ``kernel_configs`` = {kernel: {kernel_config,
-config_source, policy_mode}} (what each kdabench plan resolved). The config holds the
-options (``policy_mode`` among them: AUTO, HEURISTIC_ONLY or PREPLANNED_ONLY, see
-kdabench.kernels.policy), the shapes file, the ceilings, the formulas, and at the end
-``bench_summary`` (medians over the shapes).
+``graph_notes``, ``input_sets``, ``kernel_configs`` = {kernel: {kernel_config,
+config_source, policy_mode}} (what each kdabench plan resolved) and, with a baseline,
+``policy_gain`` = {mode: value} and ``same_config``. The config holds the options
+(``policy_mode`` and ``baseline_policy`` among them: AUTO, HEURISTIC_ONLY or PREPLANNED_ONLY,
+see kdabench.kernels.policy; ``baseline_policy`` null without a baseline), the shapes file,
+the ceilings, the formulas, and at the end ``bench_summary`` (medians over the shapes,
+kdabench.bench.summary).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kdabench.bench.backend import FLA, KDABENCH, KDABENCH_C1, MODES, Backend
+from kdabench.bench.backend import FLA, KDABENCH, KDABENCH_BASELINE, KDABENCH_C1, MODES, Backend
 from kdabench.bench.shapes import BenchShape, ShapeSet
+from kdabench.bench.summary import median_or_none, policy_metrics, shape_metrics, summarize
 from kdabench.bench.work import BYTES_FORMULA, FLOPS_FORMULA, floor
 from kdabench.receipts import new_receipt, sanitize
 
 AGAINST = ("fla", "none")
 SANITY_TOLERANCE = 5e-2
+SANITY_CHECKED = {"output": "kdabench output differs from fla's",  # sanity key: what a miss is
+                  "baseline_output": f"{KDABENCH_BASELINE} output differs from kdabench's"}
 DEFAULT_REPS = 100
 DEFAULT_WARMUP = 10
 
@@ -70,63 +79,6 @@ def relative_error(found: Any, reference: Any) -> float:
     error = float((found - reference).norm())
     value = error / norm if norm else error
     return value if math.isfinite(value) else math.inf
-
-
-def _median(samples: Sequence[float]) -> float | None:
-    return statistics.median(samples) if samples else None
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
-
-
-def shape_metrics(modes: Mapping[str, Mapping[str, Mapping[str, Any]]], tokens: int,
-                  floor_ms: float | None) -> dict[str, Any]:
-    """Per mode: each kernel's tokens/s and distance to the floor, fla/kdabench and the
-    export overhead, from ``modes`` = {mode: {kernel: {"median_ms": ...}}} (filled in)."""
-    ratios, overheads = {}, {}
-    for mode, kernels in modes.items():
-        for entry in kernels.values():
-            median = entry.get("median_ms")
-            entry["tokens_per_s"] = tokens / (median / 1e3) if median else None
-            entry["to_floor"] = _ratio(median, floor_ms)
-        ours = kernels.get(KDABENCH, {}).get("median_ms")
-        ratios[mode] = _ratio(kernels.get(FLA, {}).get("median_ms"), ours)
-        single = _ratio(ours, kernels.get(KDABENCH_C1, {}).get("median_ms"))
-        overheads[mode] = None if single is None else single - 1.0
-    return {"ratio_fla_over_kdabench": ratios, "export_overhead": overheads}
-
-
-def summarize(cases: Sequence[Mapping[str, Any]], modes: Sequence[str]) -> dict[str, Any]:
-    """Medians over the shapes, per mode: fla/kdabench, export overhead, kdabench / floor."""
-    summary: dict[str, Any] = {"shapes": len(cases), "per_mode": {}}
-    for mode in modes:
-        ratio = _by_shape(cases, ("ratio_fla_over_kdabench", mode))
-        overhead = _by_shape(cases, ("export_overhead", mode))
-        to_floor = _by_shape(cases, ("modes", mode, KDABENCH, "to_floor"))
-        summary["per_mode"][mode] = {
-            "median_ratio_fla_over_kdabench": _median(list(ratio.values())),
-            "min_ratio_fla_over_kdabench": min(ratio.values()) if ratio else None,
-            "median_export_overhead": _median(list(overhead.values())),
-            "max_export_overhead": max(overhead.values()) if overhead else None,
-            "median_kdabench_to_floor": _median(list(to_floor.values())),
-            "ratio_by_shape": ratio, "export_overhead_by_shape": overhead,
-        }
-    return summary
-
-
-def _by_shape(cases: Sequence[Mapping[str, Any]], path: Sequence[str]) -> dict[str, float]:
-    """{shape label: the finite number at ``path`` in the case} (absent ones left out)."""
-    found = {}
-    for case in cases:
-        value: Any = case
-        for key in path:
-            value = value.get(key) if isinstance(value, Mapping) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            found[str(case["shape"])] = float(value)
-    return found
 
 
 @dataclass
@@ -151,6 +103,7 @@ class BenchResult:
             "status": self.receipt["status"], "device": self.receipt["device"].get("name"),
             "modes": self.receipt["config"]["modes"], "fla_skipped": self.fla_skipped,
             "policy_mode": self.receipt["config"].get("policy_mode"),
+            "baseline_policy": self.receipt["config"].get("baseline_policy"),
             "ceilings": {k: self.receipt["config"]["ceilings"].get(k)
                          for k in ("copy_bytes_per_s", "matmul_flops_per_s")},
             "summary": self.summary, "plots": [str(p) for p in self.plots],
@@ -161,6 +114,8 @@ class BenchResult:
                                       for mode, kernels in (c.get("modes") or {}).items()},
                         "ratio_fla_over_kdabench": c.get("ratio_fla_over_kdabench"),
                         "export_overhead": c.get("export_overhead"),
+                        "policy_gain": c.get("policy_gain"),
+                        "same_config": c.get("same_config"),
                         "floor_ms": c.get("floor_ms"),
                         "config_sources": {k: v.get("config_source") for k, v in
                                            (c.get("kernel_configs") or {}).items()},
@@ -176,7 +131,8 @@ class Bench:
                  against: str = "fla", modes: Sequence[str] = MODES, reps: int = DEFAULT_REPS,
                  warmup: int = DEFAULT_WARMUP, out_dir: str | os.PathLike | None = None,
                  plot: bool = True, command_line: Sequence[str] | None = None,
-                 created_at: str | None = None, policy_mode: str | None = None) -> None:
+                 created_at: str | None = None, policy_mode: str | None = None,
+                 baseline_policy: str | None = None) -> None:
         if against not in AGAINST:
             raise BenchError(f"--against must be one of {', '.join(AGAINST)}, got {against!r}")
         modes = list(dict.fromkeys(modes))
@@ -187,6 +143,7 @@ class Bench:
         if reps < 1 or warmup < 0:
             raise BenchError(f"--reps must be >= 1 (got {reps}) and warmup >= 0 (got {warmup})")
         self.policy_mode = _policy_mode(policy_mode)
+        self.baseline_policy = _baseline_policy(baseline_policy, self.policy_mode)
         if backend is None:
             from kdabench.bench.cuda import CudaBackend
 
@@ -199,6 +156,8 @@ class Bench:
         self.reps, self.warmup, self.plot = reps, warmup, plot
         self.fla_skipped = backend.fla_unavailable() if against == "fla" else None
         self.kernels = [KDABENCH, KDABENCH_C1]
+        if self.baseline_policy is not None:
+            self.kernels.append(KDABENCH_BASELINE)
         if against == "fla" and self.fla_skipped is None:
             self.kernels.insert(0, FLA)
         self.out_dir = Path(out_dir) if out_dir else _default_out_dir()
@@ -216,6 +175,7 @@ class Bench:
             "against": self.against, "fla_skipped": self.fla_skipped,
             "kernels": self.kernels, "modes": self.modes, "primary_mode": self.primary_mode,
             "reps": self.reps, "warmup": self.warmup, "policy_mode": self.policy_mode,
+            "baseline_policy": self.baseline_policy,
             "ceilings": ceilings.to_dict(), "bytes_formula": BYTES_FORMULA,
             "flops_formula": FLOPS_FORMULA, "sanity_tolerance": SANITY_TOLERANCE,
             "definitions": {
@@ -226,6 +186,8 @@ class Bench:
                 "to_floor": "median / floor_ms",
                 "floor_ms": "max(bytes / copy rate, FLOPs / bf16 matmul rate)",
                 "sanity": "relative Frobenius error of kdabench's output against fla's",
+                "policy_gain": ("kdabench-baseline (capacity 4, config under baseline_policy) "
+                                "median / kdabench median, same mode"),
             },
         }
 
@@ -245,7 +207,8 @@ class Bench:
                 records.append(writer.add_case(record))
                 if on_case:
                     on_case(record)
-            summary = summarize(records, self.modes)
+            summary = summarize(records, self.modes,
+                                baseline=self.baseline_policy is not None)
             builder.config["bench_summary"] = sanitize(summary)  # in the "complete" write
         result = BenchResult(path, builder.document("complete"), records, summary,
                              fla_skipped=self.fla_skipped)
@@ -274,13 +237,15 @@ class Bench:
         prepared = None
         try:
             prepared = self.backend.prepare(shape, self.shapes, self.kernels, self.modes,
-                                            policy_mode=self.policy_mode)
+                                            policy_mode=self.policy_mode,
+                                            baseline_policy=self.baseline_policy)
             record.update(input_sets=prepared.input_sets,
                           input_set_bytes=prepared.input_set_bytes, **prepared.details)
             record["sanity"] = sanity = self.sanity(prepared.outputs())
-            if sanity.get("output") is not None and not sanity["output"] <= SANITY_TOLERANCE:
-                problems.append(f"kdabench output differs from fla's by {sanity['output']:.3g} "
-                                f"(relative), over {SANITY_TOLERANCE:g}")
+            for key, what in SANITY_CHECKED.items():
+                if sanity.get(key) is not None and not sanity[key] <= SANITY_TOLERANCE:
+                    problems.append(f"{what} by {sanity[key]:.3g} (relative), over "
+                                    f"{SANITY_TOLERANCE:g}")
             modes: dict[str, dict[str, Any]] = {}
             graph_notes: dict[str, str | None] = {}
             for mode in self.modes:
@@ -294,12 +259,15 @@ class Bench:
                         continue
                     samples = [float(s) for s in self.backend.timer(runs, self.warmup,
                                                                     self.reps)]
-                    modes[mode][kernel] = {"median_ms": _median(samples), "samples_ms": samples}
+                    modes[mode][kernel] = {"median_ms": median_or_none(samples),
+                                           "samples_ms": samples}
             problems += prepared.check()
             record["modes"] = modes
             record["graph_notes"] = graph_notes
             record["kernels"] = modes.get(self.primary_mode, {})
             record.update(shape_metrics(modes, shape.tokens, work["ms"]))
+            if self.baseline_policy is not None:
+                record.update(policy_metrics(modes, record.get("kernel_configs")))
             verdict = "fail" if problems else "pass"
         except KeyboardInterrupt:
             raise
@@ -317,8 +285,11 @@ class Bench:
         return record
 
     def sanity(self, outputs: Any) -> dict[str, Any]:
+        """Relative errors: kdabench against fla, capacity 1 and the baseline against
+        kdabench (None where a kernel did not run)."""
         found: dict[str, Any] = {"tolerance": SANITY_TOLERANCE, "output": None,
-                                 "final_state": None, "c1_vs_c4_output": None}
+                                 "final_state": None, "c1_vs_c4_output": None,
+                                 "baseline_output": None}
         ours = outputs.output.get(KDABENCH)
         if ours is not None and FLA in outputs.output:
             found["output"] = relative_error(ours, outputs.output[FLA])
@@ -326,6 +297,8 @@ class Bench:
                                                   outputs.final_state[FLA])
         if ours is not None and KDABENCH_C1 in outputs.output:
             found["c1_vs_c4_output"] = relative_error(outputs.output[KDABENCH_C1], ours)
+        if ours is not None and KDABENCH_BASELINE in outputs.output:
+            found["baseline_output"] = relative_error(outputs.output[KDABENCH_BASELINE], ours)
         return found
 
 
@@ -337,6 +310,23 @@ def _policy_mode(mode: str | None) -> str:
         return resolve_mode(mode).value
     except KdaPolicyError as error:
         raise BenchError(f"--policy-mode: {error}") from error
+
+
+def _baseline_policy(mode: str | None, policy_mode: str) -> str | None:
+    """The baseline's policy mode (None: no baseline); it must differ from ``policy_mode``."""
+    if mode is None:
+        return None
+    from kdabench.kernels import KdaPolicyError, resolve_mode
+
+    try:
+        baseline = resolve_mode(mode).value  # not None: the mode itself, parsed
+    except KdaPolicyError as error:
+        raise BenchError(f"--baseline-policy: {error}") from error
+    if baseline == policy_mode:
+        raise BenchError(f"--baseline-policy {baseline} is the run's policy mode too "
+                         "(--policy-mode, else $KDABENCH_POLICY_MODE, else AUTO): pick another "
+                         "mode to compare against")
+    return baseline
 
 
 def _default_out_dir() -> Path:

@@ -44,8 +44,13 @@ def _modes(text: str) -> list[str]:
               help="How kdabench's plans pick their kernel config: the device's profile "
               "entry else the heuristic (AUTO), the heuristic alone, or profile entries alone "
               "(a shape without one errors). Default: $KDABENCH_POLICY_MODE, else AUTO.")
+@click.option("--baseline-policy", metavar="AUTO|HEURISTIC_ONLY|PREPLANNED_ONLY", default=None,
+              help="Also time kdabench (capacity 4) with its configs picked under this other "
+              "policy mode, on the same inputs, and report the policy gain per shape: its time "
+              "/ kdabench's (above 1: --policy-mode's configs are faster).")
 def bench(shapes_path: Path | None, against: str, modes_text: str, reps: int,
-          out_dir: Path | None, as_json: bool, plot: bool, policy_mode: str | None) -> None:
+          out_dir: Path | None, as_json: bool, plot: bool, policy_mode: str | None,
+          baseline_policy: str | None) -> None:
     """Time kdabench against fla's chunk_kda per shape and write a receipt (kind "bench").
 
     Per shape, on the same inputs in one process: fla (its final state), kdabench with
@@ -57,7 +62,8 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, reps: int,
     over the bf16 matmul rate, both measured in this run) and the distance to it, and a
     sanity check of kdabench's output against fla's (fails above 5e-2). Needs a CUDA GPU.
     The receipt records the policy mode and, per shape, each kdabench plan's kernel config
-    and where it came from (run once per --policy-mode to compare profile and heuristic).
+    and where it came from. To see whether the tuning profile beats the heuristic in one run:
+    --baseline-policy HEURISTIC_ONLY (with the default --policy-mode AUTO).
 
     Exit 0 when it ran (speed targets are reported, not asserted); 1 when a sanity check
     fails or a shape errors; 2 for bad input (a shapes file that does not load, bad
@@ -69,7 +75,8 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, reps: int,
     with user_errors(ShapesError, BenchError):
         shapes = load_shapes(shapes_path)
         run = Bench(shapes, against=against, modes=_modes(modes_text), reps=reps,
-                    out_dir=out_dir, plot=plot, policy_mode=policy_mode)
+                    out_dir=out_dir, plot=plot, policy_mode=policy_mode,
+                    baseline_policy=baseline_policy)
     if run.fla_skipped:
         print_error(f"fla comparison skipped: {run.fla_skipped}", style="bold yellow")
     result = _run_with_progress(console, run)
@@ -89,7 +96,8 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, reps: int,
 def _run_with_progress(console: Console, run) -> Any:
     console.print(f"bench · {len(run.shapes.shapes)} shapes · kernels {', '.join(run.kernels)}"
                   f" · modes {', '.join(run.modes)} · {run.reps} reps · policy "
-                  f"{run.policy_mode} · receipt in {escape(str(run.out_dir))}")
+                  f"{run.policy_mode}{_baseline_words(run.baseline_policy)} · receipt in "
+                  f"{escape(str(run.out_dir))}")
     return run_cases_with_progress(console, run, total=len(run.shapes.shapes),
                                    first="measuring the ceilings", label=lambda s: s.label,
                                    receipt=f"in {run.out_dir}")
@@ -107,17 +115,29 @@ def _percent(value: Any) -> str:
     return "-" if not isinstance(value, (int, float)) else f"{100 * value:+.1f}%"
 
 
-def _config_sources(result) -> str:
-    """One line: the policy mode and how many plans took their config from where."""
+def _baseline_words(baseline: str | None) -> str:
+    return f" (baseline {baseline})" if baseline else ""
+
+
+def _config_sources(result, label: str, mode: str | None, baseline: bool) -> str:
+    """One line: a policy mode and how many of its plans took their config from where (the
+    baseline kernel's plans, or the others')."""
     counts: dict[str, int] = {}
     for case in result.cases:
-        for entry in (case.get("kernel_configs") or {}).values():
+        for kernel, entry in (case.get("kernel_configs") or {}).items():
+            if (kernel == "kdabench-baseline") != baseline:
+                continue
             source = str(entry.get("config_source") or "unknown")
             kind = source.split(" (")[0]  # "profile nvidia-h200.json", "heuristic", "explicit"
             counts[kind] = counts.get(kind, 0) + 1
     found = ", ".join(f"{count} from {escape(kind)}" for kind, count in counts.items())
-    return (f"policy {result.receipt['config'].get('policy_mode')}: kernel configs "
-            f"{found or 'not recorded'}")
+    return f"{label} {mode}: kernel configs {found or 'not recorded'}"
+
+
+def _gain(case: dict[str, Any], mode: str) -> str:
+    """The shape's policy gain in ``mode``, starred where both plans shared a config."""
+    mark = "*" if case.get("same_config") else " "  # the space keeps the digits aligned
+    return _times((case.get("policy_gain") or {}).get(mode)) + mark
 
 
 def _render(console: Console, result) -> None:
@@ -127,13 +147,19 @@ def _render(console: Console, result) -> None:
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for column in ("shape", "mode"):
         table.add_column(column, no_wrap=True)
-    for column in ("fla ms", "kdabench ms", "c1 ms", "fla/kdabench", "export ovh",
-                   "floor ms", "to floor", "Mtok/s", "out err"):
+    baseline = config.get("baseline_policy")
+    columns = ["fla ms", "kdabench ms", "c1 ms", "fla/kdabench", "export ovh", "floor ms",
+               "to floor", "Mtok/s", "out err"] + (["policy gain"] if baseline else [])
+    for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
     table.caption = (f"kdabench: capacity 4, four checkpoints; c1: capacity 1, one; export ovh "
                      f"= kdabench/c1 - 1; floor at {ceilings['copy_bytes_per_s'] / 1e12:.2f} "
                      f"TB/s and {ceilings['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s measured "
                      "here; out err: kdabench against fla")
+    if baseline:
+        table.caption += (f"; policy gain: kdabench-baseline ({baseline}) / kdabench "
+                          f"({config.get('policy_mode')}), * where both used the same config "
+                          "(the gain is noise)")
     for case in result.cases:
         error = (case.get("sanity") or {}).get("output")
         for index, mode in enumerate(config["modes"]):
@@ -150,6 +176,7 @@ def _render(console: Console, result) -> None:
                 "-" if rate is None else f"{rate / 1e6:.1f}",
                 ("-" if not isinstance(error, (int, float)) else f"{error:.1e}")
                 if index == 0 else "",
+                *([_gain(case, mode)] if baseline else []),
                 style="red" if case["verdict"] != "pass" else None,
             )
     console.print(table)
@@ -158,7 +185,16 @@ def _render(console: Console, result) -> None:
                       f" (min {_times(row['min_ratio_fla_over_kdabench'])}) · median export "
                       f"overhead {_percent(row['median_export_overhead'])} · median kdabench/"
                       f"floor {_times(row['median_kdabench_to_floor'])}")
-    console.print(_config_sources(result))
+    if baseline:
+        shared = (f"{result.summary.get('same_config_shapes')} of "
+                  f"{result.summary.get('config_compared_shapes')} shapes share a config")
+        for mode, row in result.summary["per_mode"].items():
+            console.print(f"{mode}: policy {config.get('policy_mode')} vs {baseline}: median "
+                          f"{_times(row.get('median_policy_gain'))}, min "
+                          f"{_times(row.get('min_policy_gain'))}, {shared}")
+    console.print(_config_sources(result, "policy", config.get("policy_mode"), False))
+    if baseline:
+        console.print(_config_sources(result, "baseline", baseline, True))
     for case in result.cases:
         if case.get("message"):
             console.print(f"[yellow]{escape(case['id'])}[/yellow]: {escape(case['message'])}")

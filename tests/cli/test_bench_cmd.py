@@ -56,6 +56,7 @@ def test_table_output(monkeypatch, tmp_path, shapes_file):
     assert result.exit_code == 0, result.output
     assert "fla/kdabench" in result.stdout and "64x1x(2x32)" in result.stdout
     assert "graph: median fla/kdabench 2.50x" in result.stdout
+    assert "policy gain" not in result.stdout and "baseline" not in result.stdout
     assert not list(tmp_path.glob("*.png"))
 
 
@@ -101,6 +102,7 @@ def test_bad_shapes_file_exits_2(monkeypatch, tmp_path):
 def test_help_documents_exit_codes():
     result = invoke("bench", "--help")
     assert result.exit_code == 0 and "Exit codes" in result.output and "--against" in result.output
+    assert "--baseline-policy" in result.output and "policy gain" in result.output
 
 
 def test_policy_mode_option(monkeypatch, tmp_path, shapes_file):
@@ -123,4 +125,46 @@ def test_bad_policy_mode_exits_2(monkeypatch, tmp_path, shapes_file):
     use_backend(monkeypatch)
     result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--policy-mode", "best")
     assert_one_line_error(result, 2, "--policy-mode", "'best' is not a policy mode")
+    assert not list(tmp_path.glob("bench-*.json"))
+
+
+def test_baseline_policy_option(monkeypatch, tmp_path, shapes_file):
+    monkeypatch.delenv("KDABENCH_POLICY_MODE", raising=False)
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
+                    "--baseline-policy", "heuristic_only", "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    assert (found["policy_mode"], found["baseline_policy"]) == ("AUTO", "HEURISTIC_ONLY")
+    assert found["shapes"][0]["policy_gain"]["graph"] == pytest.approx(0.10 / 0.08)
+    assert found["shapes"][0]["median_ms"]["graph"]["kdabench-baseline"] > 0
+    assert found["summary"]["per_mode"]["eager"]["median_policy_gain"] == pytest.approx(1.2)
+    assert found["summary"]["same_config_shapes"] == 1
+    table = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
+                   "--baseline-policy", "HEURISTIC_ONLY")
+    assert table.exit_code == 0, table.output
+    assert "policy gain" in table.stdout and "1.25x*" in table.stdout
+    assert ("graph: policy AUTO vs HEURISTIC_ONLY: median 1.25x, min 1.25x, 1 of 2 shapes "
+            "share a config") in table.stdout
+    assert "policy AUTO: kernel configs 4 from fake" in table.stdout
+    assert "baseline HEURISTIC_ONLY: kernel configs 2 from fake" in table.stdout
+    assert "policy AUTO (baseline HEURISTIC_ONLY)" in table.stderr  # the header line
+
+
+@pytest.mark.parametrize("args, env, fragments", [
+    (["--baseline-policy", "auto"], None, ["--baseline-policy AUTO is the run's policy mode"]),
+    (["--policy-mode", "heuristic_only", "--baseline-policy", "HEURISTIC-ONLY"], None,
+     ["--baseline-policy HEURISTIC_ONLY is the run's policy mode"]),
+    (["--baseline-policy", "Preplanned_Only"], "PREPLANNED_ONLY",
+     ["--baseline-policy PREPLANNED_ONLY", "$KDABENCH_POLICY_MODE"]),
+    (["--baseline-policy", "best"], None, ["--baseline-policy", "'best' is not a policy mode"]),
+], ids=["default-auto", "same-as-option", "same-as-env", "unknown"])
+def test_bad_baseline_policy_exits_2(monkeypatch, tmp_path, shapes_file, args, env, fragments):
+    if env is None:
+        monkeypatch.delenv("KDABENCH_POLICY_MODE", raising=False)
+    else:
+        monkeypatch.setenv("KDABENCH_POLICY_MODE", env)
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, *args)
+    assert_one_line_error(result, 2, *fragments)
     assert not list(tmp_path.glob("bench-*.json"))

@@ -1,0 +1,100 @@
+"""The bench's numbers from its medians: per-shape metrics and the summary over the shapes.
+
+Per shape and mode: tokens/s, distance to the floor, fla/kdabench, the export overhead and,
+when a baseline policy ran, the policy gain (kdabench-baseline median / kdabench median:
+above 1, the configs of --policy-mode are faster than those of --baseline-policy). The
+summary holds their medians (and extremes) over the shapes, per mode.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kdabench.bench.backend import FLA, KDABENCH, KDABENCH_BASELINE, KDABENCH_C1
+
+
+def median_or_none(samples: Sequence[float]) -> float | None:
+    """The median of ``samples``; None when there are none."""
+    return statistics.median(samples) if samples else None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def shape_metrics(modes: Mapping[str, Mapping[str, Mapping[str, Any]]], tokens: int,
+                  floor_ms: float | None) -> dict[str, Any]:
+    """Per mode: each kernel's tokens/s and distance to the floor, fla/kdabench and the
+    export overhead, from ``modes`` = {mode: {kernel: {"median_ms": ...}}} (filled in)."""
+    ratios, overheads = {}, {}
+    for mode, kernels in modes.items():
+        for entry in kernels.values():
+            median = entry.get("median_ms")
+            entry["tokens_per_s"] = tokens / (median / 1e3) if median else None
+            entry["to_floor"] = _ratio(median, floor_ms)
+        ours = kernels.get(KDABENCH, {}).get("median_ms")
+        ratios[mode] = _ratio(kernels.get(FLA, {}).get("median_ms"), ours)
+        single = _ratio(ours, kernels.get(KDABENCH_C1, {}).get("median_ms"))
+        overheads[mode] = None if single is None else single - 1.0
+    return {"ratio_fla_over_kdabench": ratios, "export_overhead": overheads}
+
+
+def policy_metrics(modes: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                   kernel_configs: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
+    """``policy_gain`` = {mode: kdabench-baseline median / kdabench median} and
+    ``same_config`` (both plans resolved one kernel config; None when either is unknown)."""
+    gains = {mode: _ratio(kernels.get(KDABENCH_BASELINE, {}).get("median_ms"),
+                          kernels.get(KDABENCH, {}).get("median_ms"))
+             for mode, kernels in modes.items()}
+    configs = kernel_configs or {}
+    ours = (configs.get(KDABENCH) or {}).get("kernel_config")
+    baseline = (configs.get(KDABENCH_BASELINE) or {}).get("kernel_config")
+    same = None if ours is None or baseline is None else ours == baseline
+    return {"policy_gain": gains, "same_config": same}
+
+
+def summarize(cases: Sequence[Mapping[str, Any]], modes: Sequence[str], *,
+              baseline: bool = False) -> dict[str, Any]:
+    """Medians over the shapes, per mode: fla/kdabench, export overhead, kdabench / floor;
+    with ``baseline``, also the policy gain and how many shapes shared a config."""
+    summary: dict[str, Any] = {"shapes": len(cases), "per_mode": {}}
+    for mode in modes:
+        ratio = _by_shape(cases, ("ratio_fla_over_kdabench", mode))
+        overhead = _by_shape(cases, ("export_overhead", mode))
+        to_floor = _by_shape(cases, ("modes", mode, KDABENCH, "to_floor"))
+        row = summary["per_mode"][mode] = {
+            "median_ratio_fla_over_kdabench": median_or_none(list(ratio.values())),
+            "min_ratio_fla_over_kdabench": min(ratio.values()) if ratio else None,
+            "median_export_overhead": median_or_none(list(overhead.values())),
+            "max_export_overhead": max(overhead.values()) if overhead else None,
+            "median_kdabench_to_floor": median_or_none(list(to_floor.values())),
+            "ratio_by_shape": ratio, "export_overhead_by_shape": overhead,
+        }
+        if baseline:
+            gain = _by_shape(cases, ("policy_gain", mode))
+            row.update(median_policy_gain=median_or_none(list(gain.values())),
+                       min_policy_gain=min(gain.values()) if gain else None,
+                       policy_gain_by_shape=gain)
+    if baseline:
+        known = {str(c["shape"]): c["same_config"] for c in cases
+                 if isinstance(c.get("same_config"), bool)}
+        summary["same_config_shapes"] = sum(known.values())
+        summary["config_compared_shapes"] = len(known)
+    return summary
+
+
+def _by_shape(cases: Sequence[Mapping[str, Any]], path: Sequence[str]) -> dict[str, float]:
+    """{shape label: the finite number at ``path`` in the case} (absent ones left out)."""
+    found = {}
+    for case in cases:
+        value: Any = case
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            found[str(case["shape"])] = float(value)
+    return found
