@@ -676,14 +676,17 @@ class FakeGraph:
 
     def replay(self) -> None:
         if self.value is not None:
-            self.output.copy_(self.value)
+            with torch.inference_mode():  # a real replay bypasses autograd altogether
+                self.output.copy_(self.value)
 
 
 @pytest.mark.parametrize(("replayed", "ok"), [("same", True), ("nothing", False),
                                               ("other", False)])
-def test_a_graph_replay_must_reproduce_the_eager_output(replayed, ok):
+@pytest.mark.parametrize("inference", [False, True], ids=["normal", "inference-tensor"])
+def test_a_graph_replay_must_reproduce_the_eager_output(replayed, ok, inference):
     eager = torch.randn(8, 4)
-    captured = (torch.randn(8, 4), torch.zeros(2))  # (o, final) as fla returns them
+    with torch.inference_mode(inference):  # fla's outputs are inference tensors
+        captured = (torch.randn(8, 4), torch.zeros(2))  # (o, final) as fla returns them
     value = {"same": eager, "nothing": None, "other": eager * 1.01}[replayed]
     problem = bench_cuda.replay_problem(FakeGraph(captured[0], value), captured,
                                         lambda: (eager.clone(), torch.zeros(2)))

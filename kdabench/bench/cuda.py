@@ -171,7 +171,8 @@ def replay_problem(graph: Any, captured: Any, call: Callable[[], Any],
     returns (the first tensor of each); else why not. The captured output is zeroed first, so a
     graph that skips the work is caught, not timed."""
     expected = _first_tensor(call()).float().clone()
-    _first_tensor(captured).zero_()
+    with torch.inference_mode():  # the captured output may be an inference tensor (fla's is)
+        _first_tensor(captured).zero_()
     graph.replay()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
