@@ -44,7 +44,9 @@ def tune(queries_path: Path | None, out_path: Path | None, only: tuple[str, ...]
     within the budget), and the heuristic's, is timed on this GPU (CUDA events, median of
     --reps samples over input sets rotated past the L2 cache); the fastest is checked
     against the float64 recurrence on a smaller instance (the next fastest if it fails).
-    The profile records every candidate's median, the winner, its oracle errors, the device
+    A candidate replaces the heuristic only when it is at least the file's [timing]
+    min_gain faster; with `shortlist = N`, a shape's capacity-1 query times only the
+    heuristic and the N fastest configs of its capacity-4 query. The profile records every candidate's median, the winner, its oracle errors, the device
     and the tool versions; plans then take their configs from it (policy mode AUTO or
     PREPLANNED_ONLY). Needs a CUDA GPU.
 
