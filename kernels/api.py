@@ -116,8 +116,9 @@ def ineligibility(caps: Caps) -> list[str]:
         reasons.append(f"validation {caps.validation!r} unknown (one of {VALIDATION_MODES})")
     if not (MIN_LOWER_BOUND <= caps.lower_bound < 0):
         reasons.append(
-            f"lower_bound {caps.lower_bound} outside [{MIN_LOWER_BOUND}, 0): 16-token chunks "
-            "keep exp(cumulative gate) inside fp32 only for gates >= -5"
+            f"lower_bound {caps.lower_bound} outside [{MIN_LOWER_BOUND}, 0): the kernel anchors "
+            "each 16-token sub-block at its first row, and exp(-cumulative gate) over 16 tokens "
+            "stays inside fp32 only for gates >= -5"
         )
     for name in ("num_heads", "max_tokens", "max_seqs", "max_state_slots"):
         if getattr(caps, name) < 1:

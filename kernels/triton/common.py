@@ -16,12 +16,6 @@ def mma(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def pick(values, lane, c):
-    """Scalar at position c of a 1-D tensor (lane = arange over its length)."""
-    return tl.sum(tl.where(lane == c, values, 0), axis=0)
-
-
-@triton.jit
 def row_of(matrix, rows, i):
     """Row i of a 2-D tensor as a 1-D tensor (rows = arange over its first dimension)."""
     return tl.sum(tl.where(rows[:, None] == i, matrix, 0.0), axis=0)

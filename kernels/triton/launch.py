@@ -27,8 +27,9 @@ def device_ineligibility(device: torch.device) -> list[str]:
     if device.type == "cpu":
         if interpreted():
             return []
-        return ["CPU tensors run only under the Triton interpreter: set TRITON_INTERPRET=1 "
-                "before importing kdabench.kernels"]
+        reason = ("CPU tensors run only under the Triton interpreter: set TRITON_INTERPRET=1 "
+                  "before importing kdabench.kernels")
+        return [reason]
     if device.type != "cuda":
         return [f"device type {device.type!r} is not supported (cuda, or cpu under the interpreter)"]
     if not torch.cuda.is_available():

@@ -104,7 +104,7 @@ def kda_validate_kernel(
             slot_a, owner_a = _write_slot(final_idx, ck_idx, wa, num_seqs, CK)
             for b0 in range(0, num_writes, BLOCK):
                 wb = b0 + rb
-                slot_b, owner_b = _write_slot(final_idx, ck_idx, wb, num_seqs, CK)
+                slot_b, _ = _write_slot(final_idx, ck_idx, wb, num_seqs, CK)
                 same = (slot_a[:, None] == slot_b[None, :]) & (slot_a[:, None] >= 0)
                 same = same & (wa[:, None] != wb[None, :])
                 if _any(tl.reshape(same, (BLOCK * BLOCK,))):
