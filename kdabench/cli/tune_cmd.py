@@ -46,9 +46,10 @@ def tune(queries_path: Path | None, out_path: Path | None, only: tuple[str, ...]
     against the float64 recurrence on a smaller instance (the next fastest if it fails).
     A candidate replaces the heuristic only when it is at least the file's [timing]
     min_gain faster; with `shortlist = N`, a shape's capacity-1 query times only the
-    heuristic and the N fastest configs of its capacity-4 query. The profile records every candidate's median, the winner, its oracle errors, the device
-    and the tool versions; plans then take their configs from it (policy mode AUTO or
-    PREPLANNED_ONLY). Needs a CUDA GPU.
+    heuristic and the N fastest configs of its capacity-4 query. The profile records every
+    candidate's median, the winner, its oracle errors, the device and the tool versions;
+    plans then take their configs from it (policy mode AUTO or PREPLANNED_ONLY). Needs a
+    CUDA GPU.
 
     Exit 0 when every query got an entry; 1 when a query got none (no candidate ran, or
     none passed the check; the profile keeps the others); 2 for bad input (a queries file
