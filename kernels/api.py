@@ -22,8 +22,10 @@ from .config import (
     MIN_LOWER_BOUND,
     VALIDATION_MODES,
     Caps,
+    CuteConfig,
     KernelConfig,
 )
+from .cute import launch as cute_launch
 from .errors import KdaMetadataError, decode_error_code
 from .policy import PolicyMode, resolve_config, resolve_mode
 from .triton import launch
@@ -64,7 +66,7 @@ class Plan:
 
     caps: Caps
     device: torch.device
-    config: KernelConfig
+    config: KernelConfig | CuteConfig
     config_source: str
     interpreter: bool
     error_code: torch.Tensor = field(repr=False)
@@ -123,7 +125,10 @@ def ineligibility(caps: Caps) -> list[str]:
     for name in ("num_heads", "max_tokens", "max_seqs", "max_state_slots"):
         if getattr(caps, name) < 1:
             reasons.append(f"{name} must be >= 1, got {getattr(caps, name)}")
-    reasons.extend(launch.device_ineligibility(torch.device(caps.device)))
+    if caps.backend == "cute":
+        reasons.extend(cute_launch.device_ineligibility(_concrete(torch.device(caps.device))))
+    elif caps.backend in BACKENDS:
+        reasons.extend(launch.device_ineligibility(torch.device(caps.device)))
     return reasons
 
 
@@ -157,10 +162,20 @@ def plan(
         resolved = resolve_config(caps, activation_dtype=activation_dtype, mode=mode,
                                   directory=profile_dir)
         config, source = resolved.config, resolved.source
-    problems = config_problems(config, caps.head_dim)
+    problems = [] if caps.backend == "cute" else config_problems(config, caps.head_dim)
     if problems:
         raise KdaConfigError(f"kernel config ({source}) cannot run head_dim "
                              f"{caps.head_dim}: " + "; ".join(problems))
+    if caps.backend == "cute":
+        if not isinstance(config, CuteConfig):
+            raise KdaConfigError(f"the cute backend takes no Triton config (got {config})")
+        workspaces = cute_launch.allocate_workspaces(caps, device)
+    else:
+        if not isinstance(config, KernelConfig):
+            raise KdaConfigError(f"the triton backend needs a KernelConfig (got {config})")
+        workspaces = launch.allocate_workspaces(caps.num_heads, caps.head_dim, caps.max_tokens,
+                                                caps.max_seqs, config.chunk_size, device,
+                                                config.operand_dtype)
     return Plan(
         caps=caps,
         device=device,
@@ -171,9 +186,7 @@ def plan(
         num_seqs=torch.zeros(1, dtype=torch.int32, device=device),
         output=torch.empty(caps.max_tokens, caps.num_heads, caps.head_dim,
                            dtype=torch.bfloat16, device=device) if own_output else None,
-        workspaces=launch.allocate_workspaces(caps.num_heads, caps.head_dim, caps.max_tokens,
-                                              caps.max_seqs, config.chunk_size, device,
-                                              config.operand_dtype),
+        workspaces=workspaces,
         policy_mode=mode.value,
     )
 
@@ -283,19 +296,26 @@ def bind(
     else:
         live = plan.num_seqs
         live.fill_(m if num_seqs is None else int(num_seqs))
-    return Binding(
+    binding = Binding(
         plan=plan, q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool,
         cu_seqlens=cu_seqlens, num_seqs=live, initial_state_indices=initial_state_indices,
         final_state_indices=final_state_indices, checkpoint_offsets=ck_offsets,
         checkpoint_state_indices=ck_indices, A_log=A_log, dt_bias=dt_bias, out=out,
         scale=float(D ** -0.5 if scale is None else scale),
     )
+    if caps.backend == "cute":
+        problems = cute_launch.binding_problems(binding)
+        _require(not problems, "cannot bind to the cute backend: " + "; ".join(problems))
+    return binding
 
 
 def run(binding: Binding) -> KdaResult:
     """Validate the metadata on the device, then run the prefill; no host sync, no allocation."""
-    launch.validate(binding)
-    launch.prefill(binding)
+    if binding.plan.caps.backend == "cute":
+        cute_launch.run(binding)
+    else:
+        launch.validate(binding)
+        launch.prefill(binding)
     return KdaResult(binding.out, binding.plan.error_code)
 
 
@@ -321,6 +341,7 @@ def kda_prefill(
     beta_sigmoid: bool = False,
     out: torch.Tensor | None = None,
     policy_mode: str | None = None,
+    backend: str = "triton",
 ) -> KdaResult:
     """KDA chunked prefill over a packed batch, exporting interior checkpoints into the pool.
 
@@ -335,6 +356,7 @@ def kda_prefill(
     bad metadata the error code has its bits set, o is all NaN and the pool is untouched.
     policy_mode: how the kernel config is resolved ("AUTO", "HEURISTIC_ONLY",
     "PREPLANNED_ONLY"; default $KDABENCH_POLICY_MODE, else AUTO), as in plan().
+    backend: "triton" (default) or "cute" (the CuTe DSL kernels, CUDA only).
     """
     if checkpoint_offsets is None:
         capacity = 1
@@ -352,6 +374,7 @@ def kda_prefill(
         lower_bound=lower_bound,
         qk_l2norm=qk_l2norm,
         beta_sigmoid=beta_sigmoid,
+        backend=backend,
     )
     planned = plan(caps, policy_mode=policy_mode, activation_dtype=q.dtype, own_output=False)
     if out is None:

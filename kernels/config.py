@@ -9,7 +9,7 @@ import torch
 GATE_MODES = ("precomputed", "sigmoid", "softplus")
 CAPACITIES = (1, 2, 4)
 HEAD_DIMS = (64, 128)
-BACKENDS = ("triton",)
+BACKENDS = ("triton", "cute")
 VALIDATION_MODES = ("device",)
 OPERAND_DTYPES = ("float32", "bfloat16")
 CHUNK_SIZE = 32
@@ -61,3 +61,13 @@ class KernelConfig:
     prepare_warps: int = 4
     dot_precision: str = "tf32"
     operand_dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class CuteConfig:
+    """The cute backend's launch shape; fixed (it has no tunables): 128 threads per state-pass
+    block, each lane holding 16 of a column's K rows."""
+
+    backend: str = "cute"
+    threads: int = 128
+    rows_per_thread: int = 16

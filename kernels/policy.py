@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .catalog import KdaPolicyError, KdaQuery
-from .config import Caps, KernelConfig
+from .config import Caps, CuteConfig, KernelConfig
 from .profiles import find_profile, profile_dir, profile_path
 
 POLICY_MODE_ENV = "KDABENCH_POLICY_MODE"
@@ -96,11 +96,21 @@ def _cuda_name(index: int) -> str:
 class Resolution:
     """A resolved config: the config, where it came from (one line), the mode and query."""
 
-    config: KernelConfig
+    config: KernelConfig | CuteConfig
     source: str
     mode: PolicyMode
     query: KdaQuery
     profile: str | None = None  # the profile file's name when the config came from one
+
+
+def cute_origin(caps: Caps) -> str:
+    """The cute backend has one config; its source says where its compiled kernels come from."""
+    device = torch.device(caps.device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return "cute backend (no CUDA device)"
+    from .cute.launch import origin
+
+    return f"cute backend, {origin(device)}"
 
 
 def resolve_config(caps: Caps, *, activation_dtype: torch.dtype | str = torch.bfloat16,
@@ -114,6 +124,8 @@ def resolve_config(caps: Caps, *, activation_dtype: torch.dtype | str = torch.bf
     """
     mode = resolve_mode(mode)
     query = KdaQuery.from_caps(caps, activation_dtype)
+    if caps.backend == "cute":
+        return Resolution(CuteConfig(), cute_origin(caps), mode, query)
     if mode is PolicyMode.HEURISTIC_ONLY:
         return Resolution(heuristic_config(caps), "heuristic (policy mode HEURISTIC_ONLY)",
                           mode, query)

@@ -13,6 +13,7 @@ from .config import (
     MIN_LOWER_BOUND,
     SHARED_MEMORY_BUDGET_BYTES,
 )
+from .cute import launch as cute_launch
 from .triton import launch
 
 
@@ -28,6 +29,7 @@ def support_report(device: str | None = None) -> dict:
         reasons = launch.device_ineligibility(torch.device(name))
     except (RuntimeError, ValueError) as exc:
         reasons = [f"cannot use device {name!r}: {exc}"]
+    cute_reasons = _cute_ineligibility(name)
     return {
         "backend": BACKENDS[0],
         "backends": list(BACKENDS),
@@ -42,4 +44,15 @@ def support_report(device: str | None = None) -> dict:
         "chunk_size": CHUNK_SIZE,
         "min_lower_bound": MIN_LOWER_BOUND,
         "shared_memory_budget_bytes": SHARED_MEMORY_BUDGET_BYTES,
+        "cute_eligible": not cute_reasons,
+        "cute_kernels": (cute_launch.origin(torch.device(name)) if not cute_reasons
+                         else "; ".join(cute_reasons)),
     }
+
+
+def _cute_ineligibility(name: str) -> list[str]:
+    """Reasons the cute backend cannot run on device `name` (empty when it can)."""
+    try:
+        return cute_launch.device_ineligibility(torch.device(name))
+    except (RuntimeError, ValueError) as exc:
+        return [f"cannot use device {name!r}: {exc}"]

@@ -45,3 +45,23 @@ def seed(request: pytest.FixtureRequest) -> int:
 def rng(seed: int) -> torch.Generator:
     """A CPU torch generator seeded with `seed`; draw on it, then move tensors to the device."""
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(scope="session")
+def cute_build(tmp_path_factory: pytest.TempPathFactory):
+    """`kdabench build-kernels --arch sm_90a,sm_121a --out DIR --json`, once per session:
+    (DIR, the click result). Skips without the CuTe DSL, unless $KDABENCH_REQUIRE_CUTE=1 (CI)."""
+    try:
+        import cutlass.cute  # noqa: F401
+    except ImportError as exc:
+        if os.environ.get("KDABENCH_REQUIRE_CUTE") == "1":
+            pytest.fail(f"KDABENCH_REQUIRE_CUTE=1 but the CuTe DSL does not import: {exc}")
+        pytest.skip(f"the CuTe DSL is not installed ({exc}); pip install 'kdabench[cute]'")
+    from click.testing import CliRunner
+
+    from kdabench.cli.main import cli
+
+    out = tmp_path_factory.mktemp("cute-kernels")
+    result = CliRunner().invoke(cli, ["build-kernels", "--arch", "sm_90a,sm_121a", "--out",
+                                      str(out), "--json"])
+    return out, result

@@ -1,7 +1,8 @@
 """kdabench.bench on the CPU: the shapes file, the two numbers, the metrics, the whole
 pipeline with a fake backend (deterministic timings), the receipt as kdabench.report reads
 it, and the CUDA backend's device-agnostic parts (kdabench under the Triton interpreter,
-fla's call through a stand-in)."""
+fla's call through a stand-in), a further kernel backend (``--backends triton,cute``) through
+the fake."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from kdabench.bench import (
     Outputs,
     Prepared,
     ShapesError,
+    backend_kernel,
+    backend_metrics,
     count_bytes,
     count_flops,
     floor,
@@ -58,11 +61,14 @@ heads = 2
 
 # --------------------------------------------------------------------------- fake backend
 
+CUTE = backend_kernel("cute")
+CUTE_SOURCE = "cute backend, aot fake/sm_90a (nvidia-cutlass-dsl 4.8, built today)"
+
 # Nominal milliseconds per 1024 tokens and head, per kernel and mode.
 FAKE_MS = {("eager", FLA): 0.40, ("eager", KDABENCH): 0.20, ("eager", KDABENCH_C1): 0.19,
-           ("eager", KDABENCH_BASELINE): 0.24,
+           ("eager", KDABENCH_BASELINE): 0.24, ("eager", CUTE): 0.16,
            ("graph", FLA): 0.20, ("graph", KDABENCH): 0.08, ("graph", KDABENCH_C1): 0.078,
-           ("graph", KDABENCH_BASELINE): 0.10}
+           ("graph", KDABENCH_BASELINE): 0.10, ("graph", CUTE): 0.05}
 
 
 def fake_timer(calls, warmup, reps):
@@ -73,19 +79,24 @@ def fake_timer(calls, warmup, reps):
 
 class FakeBackend:
     """Deterministic timings; kdabench's output is fla's plus `output_error` (relative), the
-    baseline's is kdabench's plus `baseline_error`. Every kdabench plan resolves block_v 32 but
-    the baseline's at T = 64 (block_v 16): the configs differ at that shape only."""
+    baseline's and kdabench-cute's are kdabench's plus `baseline_error` and `backend_error`.
+    Every kdabench plan resolves block_v 32 but the baseline's at T = 64 (block_v 16): the
+    configs differ at that shape only; kdabench-cute's is the CuteConfig. `backend_reasons`:
+    {backend: why it cannot run here}."""
 
     def __init__(self, *, fla_reason: str | None = None, output_error: float = 1e-3,
                  fla_graph: bool = True, fail_prepare: bool = False, unavailable=None,
-                 baseline_error: float = 0.0):
+                 baseline_error: float = 0.0, backend_error: float = 0.0,
+                 backend_reasons: dict[str, str] | None = None):
         self.timer = fake_timer
         self.fla_reason, self.output_error = fla_reason, output_error
         self.fla_graph, self.fail_prepare, self._unavailable = fla_graph, fail_prepare, unavailable
-        self.baseline_error = baseline_error
+        self.baseline_error, self.backend_error = baseline_error, backend_error
+        self.backend_reasons = backend_reasons or {}
         self.released = 0
         self.policy_modes = []
         self.baseline_policies = []
+        self.backends = []
 
     def unavailable(self):
         return self._unavailable
@@ -96,12 +107,17 @@ class FakeBackend:
     def fla_unavailable(self):
         return self.fla_reason
 
+    def backend_unavailable(self, backend, shapes):
+        return self.backend_reasons.get(backend)
+
     def ceilings(self):
         return Ceilings(4.0e12, 7.0e14, {"copy": {"samples_ms": [1.0]}})
 
-    def prepare(self, shape, shapes, kernels, modes, policy_mode=None, baseline_policy=None):
+    def prepare(self, shape, shapes, kernels, modes, policy_mode=None, baseline_policy=None,
+                backends=("triton",)):
         self.policy_modes.append(policy_mode)
         self.baseline_policies.append(baseline_policy)
+        self.backends.append(list(backends))
         if self.fail_prepare:
             raise RuntimeError("out of fake memory")
         scale = shape.tokens * shape.heads / 1024
@@ -127,14 +143,19 @@ class FakeBackend:
             found = Outputs()
             ours = noisy(reference, self.output_error)
             baseline = noisy(ours, self.baseline_error)
+            cute = noisy(ours, self.backend_error)
             for kernel in kernels:
-                found.output[kernel] = {FLA: reference, KDABENCH_BASELINE: baseline}.get(
-                    kernel, ours)
+                found.output[kernel] = {FLA: reference, KDABENCH_BASELINE: baseline,
+                                        CUTE: cute}.get(kernel, ours)
                 found.final_state[kernel] = state
             return found
 
         def record(kernel):
             mode = baseline_policy if kernel == KDABENCH_BASELINE else policy_mode
+            if kernel == CUTE:
+                return {"kernel_config": {"backend": "cute", "threads": 128,
+                                          "rows_per_thread": 16},
+                        "config_source": CUTE_SOURCE, "policy_mode": mode}
             block_v = 16 if kernel == KDABENCH_BASELINE and shape.tokens == 64 else 32
             return {"kernel_config": {"block_v": block_v}, "config_source": f"fake ({mode})",
                     "policy_mode": mode}
@@ -714,5 +735,153 @@ def test_real_graphs_pass_the_replay_check_and_an_empty_one_does_not(tiny):
         with torch.cuda.graph(empty):
             pass
         assert "differs from an eager call" in bench_cuda.replay_problem(empty, output, eager)
+    finally:
+        prepared.release()
+
+
+# --------------------------------------------------------------------------- kernel backends
+
+
+def test_backend_ratios_are_fla_and_kdabench_over_the_backend():
+    modes = {"graph": {FLA: {"median_ms": 3.0}, KDABENCH: {"median_ms": 1.5},
+                       CUTE: {"median_ms": 1.0}},
+             "eager": {KDABENCH: {"median_ms": 2.0}}}
+    ratios = backend_metrics(modes, [CUTE])["backend_ratios"][CUTE]
+    assert ratios["ratio_fla_over"] == {"graph": 3.0, "eager": None}
+    assert ratios["ratio_kdabench_over"] == {"graph": 1.5, "eager": None}
+    cases = [{"shape": "a", "backend_ratios": {CUTE: ratios},
+              "modes": {"graph": {CUTE: {"to_floor": 2.0}}}},
+             {"shape": "b", "backend_ratios": {CUTE: {"ratio_fla_over": {"graph": 1.0},
+                                                      "ratio_kdabench_over": {"graph": 0.5}}}},
+             {"shape": "c", "verdict": "error"}]
+    summary = summarize(cases, ["graph", "eager"], backend_kernels=[CUTE])["per_mode"]
+    graph = summary["graph"]["backends"][CUTE]
+    assert (graph["median_ratio_fla_over"], graph["min_ratio_fla_over"]) == (2.0, 1.0)
+    assert (graph["median_ratio_kdabench_over"], graph["min_ratio_kdabench_over"]) == (1.0, 0.5)
+    assert graph["ratio_kdabench_over_by_shape"] == {"a": 1.5, "b": 0.5}
+    assert graph["median_to_floor"] == 2.0
+    assert summary["eager"]["backends"][CUTE]["median_ratio_fla_over"] is None
+    assert "backends" not in summarize(cases, ["graph"])["per_mode"]["graph"]
+
+
+def test_a_second_backend_is_timed_on_the_same_inputs(tmp_path, tiny):
+    backend = FakeBackend()
+    result = run_fake(tmp_path, tiny, backend=backend, backends=["triton", "cute"])
+    assert result.ok and verify_file(result.receipt_path).ok
+    assert backend.backends == [["triton", "cute"]] * 2
+    receipt = load_receipt(result.receipt_path)
+    config = receipt["config"]
+    assert config["backends"] == ["triton", "cute"]
+    assert config["backend_kernels"] == {"triton": KDABENCH, "cute": CUTE}
+    assert config["kernels"] == [FLA, KDABENCH, KDABENCH_C1, CUTE]
+    first, _ = receipt["cases"]
+    scale = 64 / 1024
+    for mode, ms in (("eager", 0.16), ("graph", 0.05)):
+        entry = first["modes"][mode][CUTE]
+        assert entry["median_ms"] == pytest.approx(ms * scale) and len(entry["samples_ms"]) == 11
+        assert entry["to_floor"] == pytest.approx(ms * scale / first["floor_ms"])
+    assert first["backend_ratios"] == {CUTE: {
+        "ratio_fla_over": {"eager": pytest.approx(2.5), "graph": pytest.approx(4.0)},
+        "ratio_kdabench_over": {"eager": pytest.approx(1.25), "graph": pytest.approx(1.6)}}}
+    assert first["ratio_fla_over_kdabench"]["graph"] == pytest.approx(2.5)  # unchanged
+    assert first["kernel_configs"][CUTE]["config_source"] == CUTE_SOURCE
+    assert first["kernel_configs"][CUTE]["kernel_config"]["backend"] == "cute"
+    assert first["sanity"]["backend_output"] == {CUTE: 0.0}
+    assert first["sanity"]["backend_final_state"] == {CUTE: 0.0}
+    graph = config["bench_summary"]["per_mode"]["graph"]["backends"][CUTE]
+    assert graph["median_ratio_fla_over"] == pytest.approx(4.0)
+    assert graph["median_ratio_kdabench_over"] == pytest.approx(1.6)
+    assert set(graph["ratio_fla_over_by_shape"]) == {"64x1x(2x32)", "128x2x1"}
+    shown = result.to_dict()
+    assert shown["backends"] == ["triton", "cute"]
+    assert shown["shapes"][0]["backend_ratios"][CUTE]["ratio_fla_over"]["graph"] == \
+        pytest.approx(4.0)
+    assert shown["shapes"][0]["config_sources"][CUTE] == CUTE_SOURCE
+    assert CUTE in {p.kernel for p in bench_points(first)} and len(result.plots) == 2
+    report = build_report([result.receipt_path], tmp_path / "report")
+    assert f"{CUTE} (ms)" in report.markdown_path.read_text()
+
+
+def test_one_backend_has_no_backend_columns(tmp_path, tiny):
+    backend = FakeBackend()
+    result = run_fake(tmp_path, tiny, backend=backend, plot=False)
+    assert backend.backends == [["triton"]] * 2
+    receipt = load_receipt(result.receipt_path)
+    assert receipt["config"]["backends"] == ["triton"]
+    assert receipt["config"]["backend_kernels"] == {"triton": KDABENCH}
+    case = receipt["cases"][0]
+    assert "backend_ratios" not in case and case["sanity"]["backend_output"] == {}
+    assert "backends" not in receipt["config"]["bench_summary"]["per_mode"]["graph"]
+
+
+def test_the_first_backend_listed_owns_the_kdabench_columns(tmp_path, tiny):
+    bench = Bench(tiny, backend=FakeBackend(), out_dir=tmp_path, backends=["cute", "triton",
+                                                                          "cute"])
+    assert bench.backends == ["cute", "triton"]
+    assert bench.kernels == [FLA, KDABENCH, KDABENCH_C1, "kdabench-triton"]
+
+
+def test_a_backend_whose_output_differs_fails_the_case(tmp_path, tiny):
+    result = run_fake(tmp_path, tiny, backend=FakeBackend(backend_error=0.2), plot=False,
+                      backends=["triton", "cute"])
+    assert {c["verdict"] for c in result.cases} == {"fail"}
+    assert result.cases[0]["sanity"]["backend_output"][CUTE] == pytest.approx(0.2, rel=1e-3)
+    assert f"{CUTE} output differs from kdabench's by 0.2" in result.cases[0]["message"]
+
+
+@pytest.mark.parametrize("backends, fragment", [
+    (["triton", "metal"], "'metal'"), (["Cute"], "'Cute'"), ([], "got nothing"),
+], ids=["unknown", "case", "none"])
+def test_an_unknown_backend_is_refused(tiny, backends, fragment):
+    with pytest.raises(BenchError, match="--backends takes a comma-separated list of triton, "
+                       "cute") as caught:
+        Bench(tiny, backend=FakeBackend(), backends=backends)
+    assert fragment in str(caught.value)
+
+
+def test_a_backend_that_cannot_run_is_refused_before_any_shape(tmp_path, tiny):
+    reason = "cannot plan this KDA prefill: no ahead-of-time build for sm_90a"
+    backend = FakeBackend(backend_reasons={"cute": reason})
+    with pytest.raises(BenchError, match=f"--backends cute: {reason}"):
+        Bench(tiny, backend=backend, out_dir=tmp_path, backends=["triton", "cute"])
+    assert backend.backends == [] and not list(tmp_path.iterdir())
+    assert Bench(tiny, backend=backend, out_dir=tmp_path).backends == ["triton"]
+
+
+def test_cuda_backend_asks_the_kernels_whether_a_backend_can_plan(monkeypatch, tiny):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    reason = bench_cuda.CudaBackend().backend_unavailable("cute", tiny)
+    assert reason == "cannot plan this KDA prefill: no CUDA device is available"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="plans on the CPU")
+def test_kdabench_runs_plan_on_the_backend_asked_for():
+    from kdabench import kernels
+    from kdabench.inputs import make_inputs
+
+    shape = BenchShape(64, 1, 2)
+    sets = [make_inputs(shape.lengths, 1, 64, seed=5)]
+    with pytest.raises(kernels.KdaConfigError, match="cute backend runs on CUDA devices only"):
+        bench_cuda.kdabench_runs(kernels, sets, shape, 4, torch.device("cpu"), backend="cute")
+
+
+@pytest.mark.gpu
+def test_cuda_backend_binds_a_further_backend_on_the_same_inputs(tiny):
+    backend = bench_cuda.CudaBackend()
+    reason = backend.backend_unavailable("cute", tiny)
+    if reason:
+        pytest.skip(reason)
+    prepared = backend.prepare(tiny.shapes[0], tiny, [KDABENCH, CUTE], ["eager", "graph"],
+                               policy_mode="AUTO", backends=["triton", "cute"])
+    try:
+        resolved = prepared.details["kernel_configs"]
+        assert resolved[CUTE]["config_source"].startswith("cute backend, ")
+        assert resolved[CUTE]["kernel_config"]["backend"] == "cute"
+        calls = prepared.calls[CUTE]
+        assert calls.graph is not None and "replay checked" in calls.graph_note
+        outputs = prepared.outputs()
+        assert relative_error(outputs.output[CUTE], outputs.output[KDABENCH]) < 1e-2
+        assert not prepared.check()
     finally:
         prepared.release()

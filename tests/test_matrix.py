@@ -144,7 +144,7 @@ def test_random_layout_fill_is_seeded():
 
 def test_default_matrix_loads(default):
     assert default.origin == "default" and default.name == "default"
-    assert default.backends == ("triton",)
+    assert default.backends == ("triton", "cute")
     assert default.tolerances == {"output": 5e-3, "state": 3e-3}
 
 

@@ -1,5 +1,6 @@
-"""`kdabench bench`: kdabench's prefill against fla's chunk_kda, per shape and mode, with the
-floor measured in the same run, written as a bench receipt and plots.
+"""`kdabench bench`: kdabench's prefill (on one or more kernel backends) against fla's
+chunk_kda, per shape and mode, with the floor measured in the same run, written as a bench
+receipt and plots.
 
 Modules: `shapes` (the shapes file), `work` (bytes, FLOPs, floor), `timing` (the injectable
 timer, graph capture), `backend` (what a device provides), `cuda` (the real one), `summary`
@@ -8,6 +9,7 @@ timer, graph capture), `backend` (what a device provides), `cuda` (the real one)
 """
 
 from kdabench.bench.backend import (
+    DEFAULT_BACKENDS,
     FLA,
     KDABENCH,
     KDABENCH_BASELINE,
@@ -17,6 +19,7 @@ from kdabench.bench.backend import (
     KernelCalls,
     Outputs,
     Prepared,
+    backend_kernel,
 )
 from kdabench.bench.run import (
     AGAINST,
@@ -27,14 +30,15 @@ from kdabench.bench.run import (
     relative_error,
 )
 from kdabench.bench.shapes import BenchShape, ShapesError, ShapeSet, load_shapes, parse_shapes
-from kdabench.bench.summary import policy_metrics, shape_metrics, summarize
+from kdabench.bench.summary import backend_metrics, policy_metrics, shape_metrics, summarize
 from kdabench.bench.timing import Timer, capture_graph, cuda_event_timer
 from kdabench.bench.work import Ceilings, count_bytes, count_flops, floor
 
 __all__ = [
-    "AGAINST", "FLA", "KDABENCH", "KDABENCH_BASELINE", "KDABENCH_C1", "MODES",
-    "SANITY_TOLERANCE", "Backend", "Bench", "BenchError", "BenchResult", "BenchShape",
+    "AGAINST", "DEFAULT_BACKENDS", "FLA", "KDABENCH", "KDABENCH_BASELINE", "KDABENCH_C1",
+    "MODES", "SANITY_TOLERANCE", "Backend", "Bench", "BenchError", "BenchResult", "BenchShape",
     "Ceilings", "KernelCalls", "Outputs", "Prepared", "ShapeSet", "ShapesError", "Timer",
-    "capture_graph", "count_bytes", "count_flops", "cuda_event_timer", "floor", "load_shapes",
-    "parse_shapes", "policy_metrics", "relative_error", "shape_metrics", "summarize",
+    "backend_kernel", "backend_metrics", "capture_graph", "count_bytes", "count_flops",
+    "cuda_event_timer", "floor", "load_shapes", "parse_shapes", "policy_metrics",
+    "relative_error", "shape_metrics", "summarize",
 ]

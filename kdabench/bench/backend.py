@@ -5,8 +5,10 @@ with deterministic timings so the whole pipeline runs on a CPU.
 
 Kernel names: ``kdabench`` (capacity 4, four active checkpoints per sequence),
 ``kdabench-c1`` (capacity 1, one active checkpoint per sequence), ``kdabench-baseline``
-(as ``kdabench``, its config resolved under the baseline policy mode) and ``fla``
-(``fla.ops.kda.chunk_kda`` with its final state).
+(as ``kdabench``, its config resolved under the baseline policy mode), all three on the
+first kernel backend asked for; ``kdabench-<backend>`` (:func:`backend_kernel`; as ``kdabench``
+on each further backend, e.g. ``kdabench-cute``) and ``fla`` (``fla.ops.kda.chunk_kda`` with
+its final state).
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ KDABENCH_C1 = "kdabench-c1"
 KDABENCH_BASELINE = "kdabench-baseline"
 FLA = "fla"
 MODES = ("eager", "graph")
+DEFAULT_BACKENDS = ("triton",)
+
+
+def backend_kernel(backend: str) -> str:
+    """The kernel name of a further backend's column: ``kdabench-<backend>``."""
+    return f"{KDABENCH}-{backend}"
 
 
 @dataclass
@@ -70,13 +78,18 @@ class Backend(Protocol):
     def fla_unavailable(self) -> str | None:
         """Why fla's chunk_kda cannot be called (None when it can)."""
 
+    def backend_unavailable(self, backend: str, shapes: ShapeSet) -> str | None:
+        """Why kernel backend ``backend`` cannot plan ``shapes`` here (None when it can)."""
+
     def ceilings(self) -> Ceilings:
         """Measure the copy bandwidth and the bf16 matmul rate."""
 
     def prepare(self, shape: BenchShape, shapes: ShapeSet, kernels: Sequence[str],
                 modes: Sequence[str], policy_mode: str | None = None,
-                baseline_policy: str | None = None) -> Prepared:
+                baseline_policy: str | None = None,
+                backends: Sequence[str] = DEFAULT_BACKENDS) -> Prepared:
         """Allocate inputs, bind and warm the kernels, capture graphs for ``modes``; the
         kdabench plans resolve their configs under ``policy_mode`` (kdabench-baseline's under
-        ``baseline_policy``) and ``details`` carries ``kernel_configs`` = {kernel:
-        {kernel_config, config_source, policy_mode}}."""
+        ``baseline_policy``), on ``backends[0]`` (``kdabench-<backend>`` on its backend), and
+        ``details`` carries ``kernel_configs`` = {kernel: {kernel_config, config_source,
+        policy_mode}}."""

@@ -13,7 +13,10 @@ sequence n holds its initial state in slot n (read), its final state goes to slo
 its checkpoints to slots 2N + 4n ... (written), so every run reads the same inputs. Each plan
 resolves its kernel config under the bench's policy mode (kdabench-baseline, capacity 4 like
 kdabench: under the baseline policy mode); the config, its source and the mode go into the
-case record (``kernel_configs``).
+case record (``kernel_configs``). Those plans run on the first kernel backend asked for; each
+further backend gets a plan like kdabench's (``kdabench-<backend>``) bound to the same input
+sets. Whether a backend can plan at all is asked of ``kernels.ineligibility`` once, before
+any shape (:meth:`CudaBackend.backend_unavailable`).
 Capacity 4: offsets L/5, 2L/5, 3L/5 + 3, 4L/5 + 3 of each sequence of L tokens; capacity 2
 (tuning): L/3 and 2L/3; capacity 1: one offset at L/2. fla: ``chunk_kda(q[None], k[None], v[None], g[None], beta[None],
 initial_state=S0 [N, H, K, V], output_final_state=True, cu_seqlens=int64, safe_gate=True,
@@ -37,6 +40,7 @@ from typing import Any
 import torch
 
 from kdabench.bench.backend import (
+    DEFAULT_BACKENDS,
     FLA,
     KDABENCH,
     KDABENCH_BASELINE,
@@ -44,6 +48,7 @@ from kdabench.bench.backend import (
     KernelCalls,
     Outputs,
     Prepared,
+    backend_kernel,
 )
 from kdabench.bench.shapes import BenchShape, ShapeSet
 from kdabench.bench.timing import capture_graph, cuda_event_timer
@@ -109,9 +114,10 @@ class KdabenchRun:
 
 
 def kdabench_runs(kernels: Any, sets: Sequence[KdaInputs], shape: BenchShape, capacity: int,
-                  device: torch.device, *, config: Any = None, policy_mode: str | None = None
-                  ) -> tuple[Any, list[KdabenchRun]]:
-    """A plan for ``capacity`` and a binding per input set (module docstring).
+                  device: torch.device, *, config: Any = None, policy_mode: str | None = None,
+                  backend: str = "triton") -> tuple[Any, list[KdabenchRun]]:
+    """A plan for ``capacity`` on kernel ``backend`` and a binding per input set (module
+    docstring).
 
     config: an explicit KernelConfig (tuning); else the plan resolves one under policy_mode.
     """
@@ -121,7 +127,8 @@ def kdabench_runs(kernels: Any, sets: Sequence[KdaInputs], shape: BenchShape, ca
     caps = kernels.Caps(device=device, num_heads=heads, head_dim=dim, max_tokens=shape.tokens,
                         max_seqs=n, max_state_slots=slots, max_checkpoints=capacity,
                         gate=first.gate, lower_bound=first.lower_bound,
-                        qk_l2norm=first.qk_l2norm, beta_sigmoid=first.beta_sigmoid)
+                        qk_l2norm=first.qk_l2norm, beta_sigmoid=first.beta_sigmoid,
+                        backend=backend)
     plan = kernels.plan(caps, config, policy_mode=policy_mode, activation_dtype=first.q.dtype,
                         own_output=False)
 
@@ -230,6 +237,16 @@ class CudaBackend:
             self._fla_checked = True
         return self._fla_reason
 
+    def backend_unavailable(self, backend: str, shapes: ShapeSet) -> str | None:
+        from kdabench import kernels as kda
+
+        caps = kda.Caps(device=torch.device("cuda", torch.cuda.current_device()), num_heads=1,
+                        head_dim=shapes.head_dim, max_tokens=1, max_seqs=1,
+                        max_state_slots=2 + CHECKPOINTS, max_checkpoints=CHECKPOINTS,
+                        lower_bound=shapes.lower_bound, backend=backend)
+        reasons = kda.ineligibility(caps)
+        return "cannot plan this KDA prefill: " + "; ".join(reasons) if reasons else None
+
     def l2_bytes(self) -> int:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         return int(getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES)
@@ -252,7 +269,8 @@ class CudaBackend:
 
     def prepare(self, shape: BenchShape, shapes: ShapeSet, kernels: Sequence[str],
                 modes: Sequence[str], policy_mode: str | None = None,
-                baseline_policy: str | None = None) -> Prepared:
+                baseline_policy: str | None = None,
+                backends: Sequence[str] = DEFAULT_BACKENDS) -> Prepared:
         from kdabench import kernels as kda
 
         device = torch.device("cuda", torch.cuda.current_device())
@@ -265,12 +283,15 @@ class CudaBackend:
         plans: dict[str, Any] = {}
         kda_runs: dict[str, list[KdabenchRun]] = {}
         resolved: dict[str, dict[str, Any]] = {}
-        for name, capacity, mode in ((KDABENCH, CHECKPOINTS, policy_mode),
-                                     (KDABENCH_C1, 1, policy_mode),
-                                     (KDABENCH_BASELINE, CHECKPOINTS, baseline_policy)):
+        first, *others = backends
+        specs = [(KDABENCH, CHECKPOINTS, policy_mode, first), (KDABENCH_C1, 1, policy_mode, first),
+                 (KDABENCH_BASELINE, CHECKPOINTS, baseline_policy, first)]
+        specs += [(backend_kernel(b), CHECKPOINTS, policy_mode, b) for b in others]
+        for name, capacity, mode, backend in specs:
             if name not in kernels:
                 continue
-            plan, runs = kdabench_runs(kda, sets, shape, capacity, device, policy_mode=mode)
+            plan, runs = kdabench_runs(kda, sets, shape, capacity, device, policy_mode=mode,
+                                       backend=backend)
             plans[name] = plan
             resolved[name] = plan_record(plan)
             kda_runs[name] = runs

@@ -1,5 +1,6 @@
-"""The PNG plots beside a bench receipt: time against T per kernel, with the floor, one
-plot per mode, drawn by :func:`kdabench.report.plot_bench`."""
+"""The PNG plots beside a bench receipt: time against T per kernel (each further kernel
+backend's ``kdabench-<backend>`` a line of its own), with the floor, one plot per mode, drawn
+by :func:`kdabench.report.plot_bench`."""
 
 from __future__ import annotations
 

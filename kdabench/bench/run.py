@@ -8,10 +8,12 @@
 Per shape, on the same input sets in one process: ``fla`` (when present and asked for),
 ``kdabench`` (capacity 4, four active checkpoints per sequence), ``kdabench-c1``
 (capacity 1, one active checkpoint per sequence) and, with a baseline policy mode,
-``kdabench-baseline`` (``kdabench`` with its config resolved under that mode), each in every
-mode asked for: ``eager`` (a call per sample) and ``graph`` (a CUDA-graph replay per
-sample). Eager is compared with eager and graph with graph; graph replay measures the GPU
-work, eager adds each API's host work between launches.
+``kdabench-baseline`` (``kdabench`` with its config resolved under that mode), all on the
+first kernel backend asked for (``backends``, default triton), then ``kdabench-<backend>``
+for each further backend (as ``kdabench``, e.g. ``kdabench-cute``), each in every mode asked
+for: ``eager`` (a call per sample) and ``graph`` (a CUDA-graph replay per sample). Eager is
+compared with eager and graph with graph; graph replay measures the GPU work, eager adds
+each API's host work between launches.
 
 Definitions (per shape and mode; all medians of the raw samples, which are kept):
     ratio            fla median / kdabench median (above 1: kdabench is faster)
@@ -23,10 +25,13 @@ Definitions (per shape and mode; all medians of the raw samples, which are kept)
     policy gain      kdabench-baseline median / kdabench median (above 1: the policy mode's
                      configs are faster than the baseline policy mode's); where both plans
                      resolved the same config (``same_config``) it measures noise only
+    backend ratios   per further backend's kernel: fla median / its median and kdabench
+                     median / its median (above 1: that backend is the faster)
 Sanity check: kdabench's output against fla's on input set 0, relative Frobenius error;
 above 5e-2 the case fails (the two compute the same function: a miss means a misuse of
-one API); likewise kdabench-baseline's output against kdabench's, so a wrong config cannot
-look fast. The final states and capacity 1 against capacity 4 are recorded alongside.
+one API); likewise kdabench-baseline's and each further backend's output against kdabench's,
+so a wrong config or backend cannot look fast. The final states and capacity 1 against
+capacity 4 are recorded alongside.
 
 Receipt (kind "bench"): one case per shape with the fields :mod:`kdabench.report` reads
 (``shape`` label, ``T``, ``H``, ``seqs``, ``floor_ms``, ``kernels`` = the primary mode's
@@ -34,10 +39,14 @@ Receipt (kind "bench"): one case per shape with the fields :mod:`kdabench.report
 ``modes`` = {mode: {kernel: {median_ms, samples_ms, tokens_per_s, to_floor}}},
 ``ratio_fla_over_kdabench``, ``export_overhead`` = {mode: value}, ``floor``, ``sanity``,
 ``graph_notes``, ``input_sets``, ``kernel_configs`` = {kernel: {kernel_config,
-config_source, policy_mode}} (what each kdabench plan resolved) and, with a baseline,
-``policy_gain`` = {mode: value} and ``same_config``. The config holds the options
-(``policy_mode`` and ``baseline_policy`` among them: AUTO, HEURISTIC_ONLY or PREPLANNED_ONLY,
-see kdabench.kernels.policy; ``baseline_policy`` null without a baseline), the shapes file,
+config_source, policy_mode}} (what each kdabench plan resolved; a cute plan's source says
+whether its kernels came from an ahead-of-time build or a JIT compile), with a baseline,
+``policy_gain`` = {mode: value} and ``same_config``, and with further backends,
+``backend_ratios`` = {kernel: {ratio_fla_over, ratio_kdabench_over: {mode: value}}}. The
+config holds the options (``policy_mode`` and ``baseline_policy`` among them: AUTO,
+HEURISTIC_ONLY or PREPLANNED_ONLY, see kdabench.kernels.policy; ``baseline_policy`` null
+without a baseline; ``backends``, first one first, and ``backend_kernels`` = {backend:
+kernel}), the shapes file,
 the ceilings, the formulas, and at the end ``bench_summary`` (medians over the shapes,
 kdabench.bench.summary).
 """
@@ -52,9 +61,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kdabench.bench.backend import FLA, KDABENCH, KDABENCH_BASELINE, KDABENCH_C1, MODES, Backend
+from kdabench.bench.backend import (
+    DEFAULT_BACKENDS,
+    FLA,
+    KDABENCH,
+    KDABENCH_BASELINE,
+    KDABENCH_C1,
+    MODES,
+    Backend,
+    backend_kernel,
+)
 from kdabench.bench.shapes import BenchShape, ShapeSet
-from kdabench.bench.summary import median_or_none, policy_metrics, shape_metrics, summarize
+from kdabench.bench.summary import (
+    backend_metrics,
+    median_or_none,
+    policy_metrics,
+    shape_metrics,
+    summarize,
+)
 from kdabench.bench.work import BYTES_FORMULA, FLOPS_FORMULA, floor
 from kdabench.receipts import new_receipt, sanitize
 
@@ -81,6 +105,15 @@ def relative_error(found: Any, reference: Any) -> float:
     return value if math.isfinite(value) else math.inf
 
 
+def sanity_problems(sanity: dict[str, Any]) -> list[str]:
+    """The sanity checks a case fails: each checked error above :data:`SANITY_TOLERANCE`."""
+    checked = [(what, sanity.get(key)) for key, what in SANITY_CHECKED.items()]
+    checked += [(f"{kernel} output differs from kdabench's", error)
+                for kernel, error in (sanity.get("backend_output") or {}).items()]
+    return [f"{what} by {error:.3g} (relative), over {SANITY_TOLERANCE:g}"
+            for what, error in checked if error is not None and not error <= SANITY_TOLERANCE]
+
+
 @dataclass
 class BenchResult:
     """What a run found and where it left the receipt and plots."""
@@ -102,6 +135,7 @@ class BenchResult:
             "ok": self.ok, "receipt": str(self.receipt_path), "sha256": self.receipt["sha256"],
             "status": self.receipt["status"], "device": self.receipt["device"].get("name"),
             "modes": self.receipt["config"]["modes"], "fla_skipped": self.fla_skipped,
+            "backends": self.receipt["config"]["backends"],
             "policy_mode": self.receipt["config"].get("policy_mode"),
             "baseline_policy": self.receipt["config"].get("baseline_policy"),
             "ceilings": {k: self.receipt["config"]["ceilings"].get(k)
@@ -116,6 +150,7 @@ class BenchResult:
                         "export_overhead": c.get("export_overhead"),
                         "policy_gain": c.get("policy_gain"),
                         "same_config": c.get("same_config"),
+                        "backend_ratios": c.get("backend_ratios"),
                         "floor_ms": c.get("floor_ms"),
                         "config_sources": {k: v.get("config_source") for k, v in
                                            (c.get("kernel_configs") or {}).items()},
@@ -132,7 +167,8 @@ class Bench:
                  warmup: int = DEFAULT_WARMUP, out_dir: str | os.PathLike | None = None,
                  plot: bool = True, command_line: Sequence[str] | None = None,
                  created_at: str | None = None, policy_mode: str | None = None,
-                 baseline_policy: str | None = None) -> None:
+                 baseline_policy: str | None = None,
+                 backends: Sequence[str] = DEFAULT_BACKENDS) -> None:
         if against not in AGAINST:
             raise BenchError(f"--against must be one of {', '.join(AGAINST)}, got {against!r}")
         modes = list(dict.fromkeys(modes))
@@ -144,6 +180,7 @@ class Bench:
             raise BenchError(f"--reps must be >= 1 (got {reps}) and warmup >= 0 (got {warmup})")
         self.policy_mode = _policy_mode(policy_mode)
         self.baseline_policy = _baseline_policy(baseline_policy, self.policy_mode)
+        self.backends = _backends(backends)
         if backend is None:
             from kdabench.bench.cuda import CudaBackend
 
@@ -151,6 +188,10 @@ class Bench:
         reason = backend.unavailable()
         if reason:
             raise BenchError(reason)
+        for name in self.backends:  # fail here, not at the first shape
+            reason = backend.backend_unavailable(name, shapes)
+            if reason:
+                raise BenchError(f"--backends {name}: {reason}")
         self.shapes, self.backend, self.against = shapes, backend, against
         self.modes = [m for m in MODES if m in modes]
         self.reps, self.warmup, self.plot = reps, warmup, plot
@@ -158,6 +199,8 @@ class Bench:
         self.kernels = [KDABENCH, KDABENCH_C1]
         if self.baseline_policy is not None:
             self.kernels.append(KDABENCH_BASELINE)
+        self.backend_kernels = {name: backend_kernel(name) for name in self.backends[1:]}
+        self.kernels += self.backend_kernels.values()
         if against == "fla" and self.fla_skipped is None:
             self.kernels.insert(0, FLA)
         self.out_dir = Path(out_dir) if out_dir else _default_out_dir()
@@ -175,7 +218,8 @@ class Bench:
             "against": self.against, "fla_skipped": self.fla_skipped,
             "kernels": self.kernels, "modes": self.modes, "primary_mode": self.primary_mode,
             "reps": self.reps, "warmup": self.warmup, "policy_mode": self.policy_mode,
-            "baseline_policy": self.baseline_policy,
+            "baseline_policy": self.baseline_policy, "backends": self.backends,
+            "backend_kernels": {self.backends[0]: KDABENCH, **self.backend_kernels},
             "ceilings": ceilings.to_dict(), "bytes_formula": BYTES_FORMULA,
             "flops_formula": FLOPS_FORMULA, "sanity_tolerance": SANITY_TOLERANCE,
             "definitions": {
@@ -188,6 +232,14 @@ class Bench:
                 "sanity": "relative Frobenius error of kdabench's output against fla's",
                 "policy_gain": ("kdabench-baseline (capacity 4, config under baseline_policy) "
                                 "median / kdabench median, same mode"),
+                "backends": ("kdabench, kdabench-c1 and kdabench-baseline run on backends[0]; "
+                             "kdabench-<backend> (capacity 4, four active checkpoints) on each "
+                             "further backend"),
+                "backend_ratios": ("per kdabench-<backend>: ratio_fla_over = fla median / its "
+                                   "median, ratio_kdabench_over = kdabench median / its "
+                                   "median, same mode"),
+                "backend_output": ("relative Frobenius error of each kdabench-<backend>'s "
+                                   "output against kdabench's"),
             },
         }
 
@@ -207,8 +259,8 @@ class Bench:
                 records.append(writer.add_case(record))
                 if on_case:
                     on_case(record)
-            summary = summarize(records, self.modes,
-                                baseline=self.baseline_policy is not None)
+            summary = summarize(records, self.modes, baseline=self.baseline_policy is not None,
+                                backend_kernels=list(self.backend_kernels.values()))
             builder.config["bench_summary"] = sanitize(summary)  # in the "complete" write
         result = BenchResult(path, builder.document("complete"), records, summary,
                              fla_skipped=self.fla_skipped)
@@ -238,14 +290,12 @@ class Bench:
         try:
             prepared = self.backend.prepare(shape, self.shapes, self.kernels, self.modes,
                                             policy_mode=self.policy_mode,
-                                            baseline_policy=self.baseline_policy)
+                                            baseline_policy=self.baseline_policy,
+                                            backends=self.backends)
             record.update(input_sets=prepared.input_sets,
                           input_set_bytes=prepared.input_set_bytes, **prepared.details)
             record["sanity"] = sanity = self.sanity(prepared.outputs())
-            for key, what in SANITY_CHECKED.items():
-                if sanity.get(key) is not None and not sanity[key] <= SANITY_TOLERANCE:
-                    problems.append(f"{what} by {sanity[key]:.3g} (relative), over "
-                                    f"{SANITY_TOLERANCE:g}")
+            problems += sanity_problems(sanity)
             modes: dict[str, dict[str, Any]] = {}
             graph_notes: dict[str, str | None] = {}
             for mode in self.modes:
@@ -268,6 +318,8 @@ class Bench:
             record.update(shape_metrics(modes, shape.tokens, work["ms"]))
             if self.baseline_policy is not None:
                 record.update(policy_metrics(modes, record.get("kernel_configs")))
+            if self.backend_kernels:
+                record.update(backend_metrics(modes, list(self.backend_kernels.values())))
             verdict = "fail" if problems else "pass"
         except KeyboardInterrupt:
             raise
@@ -285,11 +337,12 @@ class Bench:
         return record
 
     def sanity(self, outputs: Any) -> dict[str, Any]:
-        """Relative errors: kdabench against fla, capacity 1 and the baseline against
-        kdabench (None where a kernel did not run)."""
+        """Relative errors: kdabench against fla, capacity 1, the baseline and each further
+        backend against kdabench (None where a kernel did not run)."""
         found: dict[str, Any] = {"tolerance": SANITY_TOLERANCE, "output": None,
                                  "final_state": None, "c1_vs_c4_output": None,
-                                 "baseline_output": None}
+                                 "baseline_output": None, "backend_output": {},
+                                 "backend_final_state": {}}
         ours = outputs.output.get(KDABENCH)
         if ours is not None and FLA in outputs.output:
             found["output"] = relative_error(ours, outputs.output[FLA])
@@ -299,6 +352,12 @@ class Bench:
             found["c1_vs_c4_output"] = relative_error(outputs.output[KDABENCH_C1], ours)
         if ours is not None and KDABENCH_BASELINE in outputs.output:
             found["baseline_output"] = relative_error(outputs.output[KDABENCH_BASELINE], ours)
+        for kernel in self.backend_kernels.values():
+            ran = ours is not None and kernel in outputs.output
+            found["backend_output"][kernel] = relative_error(
+                outputs.output[kernel], ours) if ran else None
+            found["backend_final_state"][kernel] = relative_error(
+                outputs.final_state[kernel], outputs.final_state[KDABENCH]) if ran else None
         return found
 
 
@@ -327,6 +386,19 @@ def _baseline_policy(mode: str | None, policy_mode: str) -> str | None:
                          "(--policy-mode, else $KDABENCH_POLICY_MODE, else AUTO): pick another "
                          "mode to compare against")
     return baseline
+
+
+def _backends(names: Sequence[str]) -> list[str]:
+    """The kernel backends to time, first one first, each once; an unknown name refused."""
+    from kdabench.kernels.config import BACKENDS
+
+    names = list(dict.fromkeys(names))
+    bad = [name for name in names if name not in BACKENDS]
+    if bad or not names:
+        raise BenchError(f"--backends takes a comma-separated list of {', '.join(BACKENDS)} "
+                         f"(the first one's columns are kdabench's), got "
+                         f"{', '.join(map(repr, bad)) if bad else 'nothing'}")
+    return names
 
 
 def _default_out_dir() -> Path:

@@ -2,8 +2,9 @@
 
 Per shape and mode: tokens/s, distance to the floor, fla/kdabench, the export overhead and,
 when a baseline policy ran, the policy gain (kdabench-baseline median / kdabench median:
-above 1, the configs of --policy-mode are faster than those of --baseline-policy). The
-summary holds their medians (and extremes) over the shapes, per mode.
+above 1, the configs of --policy-mode are faster than those of --baseline-policy) and, per
+further kernel backend's column (``kdabench-<backend>``), fla / it and kdabench (the first
+backend) / it. The summary holds their medians (and extremes) over the shapes, per mode.
 """
 
 from __future__ import annotations
@@ -58,10 +59,25 @@ def policy_metrics(modes: Mapping[str, Mapping[str, Mapping[str, Any]]],
     return {"policy_gain": gains, "same_config": same}
 
 
+def backend_metrics(modes: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                    kernels: Sequence[str]) -> dict[str, Any]:
+    """``backend_ratios`` = {kernel: {"ratio_fla_over": {mode: fla median / its median},
+    "ratio_kdabench_over": {mode: kdabench median / its median}}} for the further backends'
+    ``kernels`` (above 1: that kernel is the faster)."""
+    ratios = {kernel: {name: {mode: _ratio(found.get(reference, {}).get("median_ms"),
+                                           found.get(kernel, {}).get("median_ms"))
+                              for mode, found in modes.items()}
+                       for name, reference in (("ratio_fla_over", FLA),
+                                               ("ratio_kdabench_over", KDABENCH))}
+              for kernel in kernels}
+    return {"backend_ratios": ratios}
+
+
 def summarize(cases: Sequence[Mapping[str, Any]], modes: Sequence[str], *,
-              baseline: bool = False) -> dict[str, Any]:
+              baseline: bool = False, backend_kernels: Sequence[str] = ()) -> dict[str, Any]:
     """Medians over the shapes, per mode: fla/kdabench, export overhead, kdabench / floor;
-    with ``baseline``, also the policy gain and how many shapes shared a config."""
+    with ``baseline``, also the policy gain and how many shapes shared a config; per kernel of
+    ``backend_kernels``, its ratios and distance to the floor (``backends``)."""
     summary: dict[str, Any] = {"shapes": len(cases), "per_mode": {}}
     for mode in modes:
         ratio = _by_shape(cases, ("ratio_fla_over_kdabench", mode))
@@ -80,12 +96,29 @@ def summarize(cases: Sequence[Mapping[str, Any]], modes: Sequence[str], *,
             row.update(median_policy_gain=median_or_none(list(gain.values())),
                        min_policy_gain=min(gain.values()) if gain else None,
                        policy_gain_by_shape=gain)
+        if backend_kernels:
+            row["backends"] = {kernel: _backend_row(cases, mode, kernel)
+                               for kernel in backend_kernels}
     if baseline:
         known = {str(c["shape"]): c["same_config"] for c in cases
                  if isinstance(c.get("same_config"), bool)}
         summary["same_config_shapes"] = sum(known.values())
         summary["config_compared_shapes"] = len(known)
     return summary
+
+
+def _backend_row(cases: Sequence[Mapping[str, Any]], mode: str, kernel: str
+                 ) -> dict[str, Any]:
+    """One further backend's kernel over the shapes in ``mode``: its ratios and floor distance."""
+    row: dict[str, Any] = {}
+    for name in ("ratio_fla_over", "ratio_kdabench_over"):
+        values = _by_shape(cases, ("backend_ratios", kernel, name, mode))
+        row.update({f"median_{name}": median_or_none(list(values.values())),
+                    f"min_{name}": min(values.values()) if values else None,
+                    f"{name}_by_shape": values})
+    to_floor = _by_shape(cases, ("modes", mode, kernel, "to_floor"))
+    row["median_to_floor"] = median_or_none(list(to_floor.values()))
+    return row
 
 
 def _by_shape(cases: Sequence[Mapping[str, Any]], path: Sequence[str]) -> dict[str, float]:

@@ -1,8 +1,10 @@
-"""`kdabench bench`: kdabench's prefill against fla's chunk_kda, with the floor, as a receipt."""
+"""`kdabench bench`: kdabench's prefill (per kernel backend) against fla's chunk_kda, with
+the floor, as a receipt."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,10 @@ from kdabench.cli.errors import EXIT_CODES_HELP, Finding, print_error, user_erro
 from kdabench.cli.progress import run_cases_with_progress
 
 TABLE_WIDTH = 150
+BACKEND_COLUMNS_WIDTH = 45  # the four columns of each further backend
 
 
-def _modes(text: str) -> list[str]:
+def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
@@ -31,6 +34,12 @@ def _modes(text: str) -> list[str]:
               "installed), or time kdabench alone.")
 @click.option("--modes", "modes_text", metavar="eager,graph", default="eager,graph",
               show_default=True, help="Timing modes: eager calls, CUDA-graph replays, or both.")
+@click.option("--backends", "backends_text", metavar="triton,cute", default="triton",
+              show_default=True,
+              help="Kernel backends to time, comma-separated: the first one's plans are the "
+              "kdabench columns (capacity 4 and 1, export overhead, baseline); each further one "
+              "adds a column kdabench-<backend> (capacity 4) on the same inputs, with fla/it, "
+              "first/it and its output against the first's.")
 @click.option("--reps", type=int, default=100, show_default=True,
               help="Timed samples per kernel, mode and shape (the median is reported; every "
               "sample is kept in the receipt).")
@@ -48,8 +57,8 @@ def _modes(text: str) -> list[str]:
               help="Also time kdabench (capacity 4) with its configs picked under this other "
               "policy mode, on the same inputs, and report the policy gain per shape: its time "
               "/ kdabench's (above 1: --policy-mode's configs are faster).")
-def bench(shapes_path: Path | None, against: str, modes_text: str, reps: int,
-          out_dir: Path | None, as_json: bool, plot: bool, policy_mode: str | None,
+def bench(shapes_path: Path | None, against: str, modes_text: str, backends_text: str,
+          reps: int, out_dir: Path | None, as_json: bool, plot: bool, policy_mode: str | None,
           baseline_policy: str | None) -> None:
     """Time kdabench against fla's chunk_kda per shape and write a receipt (kind "bench").
 
@@ -64,26 +73,30 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, reps: int,
     The receipt records the policy mode and, per shape, each kdabench plan's kernel config
     and where it came from. To see whether the tuning profile beats the heuristic in one run:
     --baseline-policy HEURISTIC_ONLY (with the default --policy-mode AUTO).
+    To time the Triton and the CuTe backends beside fla in one run: --backends triton,cute
+    (the cute column's config source says whether its kernels came from an ahead-of-time
+    build or a JIT compile).
 
     Exit 0 when it ran (speed targets are reported, not asserted); 1 when a sanity check
     fails or a shape errors; 2 for bad input (a shapes file that does not load, bad
-    --modes or --reps, no CUDA GPU).
+    --modes, --reps or --backends, no CUDA GPU, a backend that cannot run here).
     """
     from kdabench.bench import Bench, BenchError, ShapesError, load_shapes
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     with user_errors(ShapesError, BenchError):
         shapes = load_shapes(shapes_path)
-        run = Bench(shapes, against=against, modes=_modes(modes_text), reps=reps,
+        run = Bench(shapes, against=against, modes=_names(modes_text), reps=reps,
                     out_dir=out_dir, plot=plot, policy_mode=policy_mode,
-                    baseline_policy=baseline_policy)
+                    baseline_policy=baseline_policy, backends=_names(backends_text))
     if run.fla_skipped:
         print_error(f"fla comparison skipped: {run.fla_skipped}", style="bold yellow")
     result = _run_with_progress(console, run)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
-        wide = max(Console().width, TABLE_WIDTH)  # piped logs keep every column
+        wide = max(Console().width, TABLE_WIDTH + BACKEND_COLUMNS_WIDTH
+                   * (len(run.backends) - 1))  # piped logs keep every column
         _render(Console(highlight=False, soft_wrap=True, width=wide), result)
     if result.plot_error:
         print_error(f"the plots were not drawn: {result.plot_error}", style="bold yellow")
@@ -94,9 +107,10 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, reps: int,
 
 
 def _run_with_progress(console: Console, run) -> Any:
-    console.print(f"bench · {len(run.shapes.shapes)} shapes · kernels {', '.join(run.kernels)}"
-                  f" · modes {', '.join(run.modes)} · {run.reps} reps · policy "
-                  f"{run.policy_mode}{_baseline_words(run.baseline_policy)} · receipt in "
+    console.print(f"bench · {len(run.shapes.shapes)} shapes · backends "
+                  f"{', '.join(run.backends)} · kernels {', '.join(run.kernels)} · modes "
+                  f"{', '.join(run.modes)} · {run.reps} reps · policy {run.policy_mode}"
+                  f"{_baseline_words(run.baseline_policy)} · receipt in "
                   f"{escape(str(run.out_dir))}")
     return run_cases_with_progress(console, run, total=len(run.shapes.shapes),
                                    first="measuring the ceilings", label=lambda s: s.label,
@@ -119,25 +133,38 @@ def _baseline_words(baseline: str | None) -> str:
     return f" (baseline {baseline})" if baseline else ""
 
 
-def _config_sources(result, label: str, mode: str | None, baseline: bool) -> str:
-    """One line: a policy mode and how many of its plans took their config from where (the
-    baseline kernel's plans, or the others')."""
+def _config_sources(result, heading: str, kernels: Container[str]) -> str:
+    """One line: how many plans of ``kernels`` took their config from where."""
     counts: dict[str, int] = {}
     for case in result.cases:
         for kernel, entry in (case.get("kernel_configs") or {}).items():
-            if (kernel == "kdabench-baseline") != baseline:
+            if kernel not in kernels:
                 continue
             source = str(entry.get("config_source") or "unknown")
             kind = source.split(" (")[0]  # "profile nvidia-h200.json", "heuristic", "explicit"
             counts[kind] = counts.get(kind, 0) + 1
     found = ", ".join(f"{count} from {escape(kind)}" for kind, count in counts.items())
-    return f"{label} {mode}: kernel configs {found or 'not recorded'}"
+    return f"{heading}: kernel configs {found or 'not recorded'}"
 
 
 def _gain(case: dict[str, Any], mode: str) -> str:
     """The shape's policy gain in ``mode``, starred where both plans shared a config."""
     mark = "*" if case.get("same_config") else " "  # the space keeps the digits aligned
     return _times((case.get("policy_gain") or {}).get(mode)) + mark
+
+
+def _error(value: Any) -> str:
+    return "-" if not isinstance(value, (int, float)) else f"{value:.1e}"
+
+
+def _backend_cells(case: dict[str, Any], mode: str, kernel: str, first_row: bool) -> list[str]:
+    """A further backend's cells: its median, fla/it, first backend/it, its output error."""
+    ratios = (case.get("backend_ratios") or {}).get(kernel) or {}
+    error = ((case.get("sanity") or {}).get("backend_output") or {}).get(kernel)
+    median = (((case.get("modes") or {}).get(mode) or {}).get(kernel) or {}).get("median_ms")
+    return [_ms(median), _times((ratios.get("ratio_fla_over") or {}).get(mode)),
+            _times((ratios.get("ratio_kdabench_over") or {}).get(mode)),
+            _error(error) if first_row else ""]
 
 
 def _render(console: Console, result) -> None:
@@ -148,8 +175,12 @@ def _render(console: Console, result) -> None:
     for column in ("shape", "mode"):
         table.add_column(column, no_wrap=True)
     baseline = config.get("baseline_policy")
+    first, *others = config["backends"]
+    further = {name: config["backend_kernels"][name] for name in others}
     columns = ["fla ms", "kdabench ms", "c1 ms", "fla/kdabench", "export ovh", "floor ms",
                "to floor", "Mtok/s", "out err"] + (["policy gain"] if baseline else [])
+    for name in further:
+        columns += [f"{name} ms", f"fla/{name}", f"{first}/{name}", f"{name} err"]
     for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
     table.caption = (f"kdabench: capacity 4, four checkpoints; c1: capacity 1, one; export ovh "
@@ -160,6 +191,12 @@ def _render(console: Console, result) -> None:
         table.caption += (f"; policy gain: kdabench-baseline ({baseline}) / kdabench "
                           f"({config.get('policy_mode')}), * where both used the same config "
                           "(the gain is noise)")
+    if further:
+        ran = "kdabench, c1 and kdabench-baseline run" if baseline else "kdabench and c1 run"
+        table.caption += (f"; {ran} the {first} backend; "
+                          + "; ".join(f"{name}: {kernel} (the {name} backend, capacity 4), "
+                                      f"{first}/{name} = kdabench/{kernel}, {name} err against "
+                                      "kdabench" for name, kernel in further.items()))
     for case in result.cases:
         error = (case.get("sanity") or {}).get("output")
         for index, mode in enumerate(config["modes"]):
@@ -174,9 +211,10 @@ def _render(console: Console, result) -> None:
                 _percent((case.get("export_overhead") or {}).get(mode)),
                 _ms(case.get("floor_ms")), _times(ours.get("to_floor")),
                 "-" if rate is None else f"{rate / 1e6:.1f}",
-                ("-" if not isinstance(error, (int, float)) else f"{error:.1e}")
-                if index == 0 else "",
+                _error(error) if index == 0 else "",
                 *([_gain(case, mode)] if baseline else []),
+                *(cell for kernel in further.values()
+                  for cell in _backend_cells(case, mode, kernel, index == 0)),
                 style="red" if case["verdict"] != "pass" else None,
             )
     console.print(table)
@@ -185,6 +223,14 @@ def _render(console: Console, result) -> None:
                       f" (min {_times(row['min_ratio_fla_over_kdabench'])}) · median export "
                       f"overhead {_percent(row['median_export_overhead'])} · median kdabench/"
                       f"floor {_times(row['median_kdabench_to_floor'])}")
+        for name, kernel in further.items():
+            found = (row.get("backends") or {}).get(kernel) or {}
+            console.print(f"{mode}: {name} backend: median fla/{name} "
+                          f"{_times(found.get('median_ratio_fla_over'))} (min "
+                          f"{_times(found.get('min_ratio_fla_over'))}) · median {first}/{name} "
+                          f"{_times(found.get('median_ratio_kdabench_over'))} (min "
+                          f"{_times(found.get('min_ratio_kdabench_over'))}) · median {name}/floor "
+                          f"{_times(found.get('median_to_floor'))}")
     if baseline:
         shared = (f"{result.summary.get('same_config_shapes')} of "
                   f"{result.summary.get('config_compared_shapes')} shapes share a config")
@@ -192,9 +238,12 @@ def _render(console: Console, result) -> None:
             console.print(f"{mode}: policy {config.get('policy_mode')} vs {baseline}: median "
                           f"{_times(row.get('median_policy_gain'))}, min "
                           f"{_times(row.get('min_policy_gain'))}, {shared}")
-    console.print(_config_sources(result, "policy", config.get("policy_mode"), False))
+    console.print(_config_sources(result, f"policy {config.get('policy_mode')}",
+                                  ("kdabench", "kdabench-c1")))
     if baseline:
-        console.print(_config_sources(result, "baseline", baseline, True))
+        console.print(_config_sources(result, f"baseline {baseline}", ("kdabench-baseline",)))
+    for name, kernel in further.items():
+        console.print(_config_sources(result, f"backend {name}", (kernel,)))
     for case in result.cases:
         if case.get("message"):
             console.print(f"[yellow]{escape(case['id'])}[/yellow]: {escape(case['message'])}")

@@ -38,6 +38,8 @@ SUPPORT_ROWS = {
     "chunk_size": "chunk size (tokens)",
     "min_lower_bound": "lowest gate lower bound",
     "shared_memory_budget_bytes": "shared memory per block",
+    "cute_eligible": "cute backend eligible",
+    "cute_kernels": "cute kernels",
     "qualified": "qualified (results/)",
     "qualification": "qualification",
 }

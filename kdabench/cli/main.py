@@ -10,6 +10,7 @@ import click
 from kdabench import __version__
 from kdabench.cli import (
     bench_cmd,
+    build_kernels_cmd,
     compare_cmd,
     kernels_cmd,
     merge_cmd,
@@ -86,6 +87,7 @@ cli.add_command(serve_sweep_cmd.serve_sweep)
 cli.add_command(serve_local_cmd.serve_local)
 cli.add_command(report_cmd.report)
 cli.add_command(compare_cmd.compare)
+cli.add_command(build_kernels_cmd.build_kernels)
 cli.add_command(bench_cmd.bench)
 cli.add_command(tune_cmd.tune)
 

@@ -144,7 +144,8 @@ def _prefill(ctx: Context, x: KdaInputs, meta: Metadata, pool: torch.Tensor, dty
     gate = x.gate_kwargs()
 
     def call():
-        return kernels.kda_prefill(q, k, v, g, beta, state_pool=pool, out=out, **tensors, **gate)
+        return kernels.kda_prefill(q, k, v, g, beta, state_pool=pool, out=out, **tensors, **gate,
+                                   backend=ctx.backend)
     return call
 
 

@@ -60,6 +60,10 @@ def run_profile_configs(ctx: Context, case: Case) -> Outcome:
     from kdabench.kernels.profiles import find_profile, profile_dir, profile_path
 
     out = Outcome()
+    if ctx.backend != "triton":
+        out.note = (f"the {ctx.backend} backend has one fixed config, qualified by the other "
+                    "scenarios; profiles hold Triton configs")
+        return out
     kernels = _kernels()
     device = device_name_of(ctx.device)
     profile = find_profile(device)

@@ -186,6 +186,9 @@ class Qualification:
         if self.backend not in BACKENDS:
             raise QualifyError(f"backend {self.backend!r} is not available here "
                                f"(have: {', '.join(BACKENDS)})")
+        if self.backend == "cute" and self.tier != "gpu":
+            raise QualifyError("the cute backend runs on CUDA GPUs only: qualify it with "
+                               "--tier gpu (the CPU tier runs the Triton kernels interpreted)")
         try:
             policy_mode = resolve_mode().value  # $KDABENCH_POLICY_MODE, else AUTO
         except KdaPolicyError as error:

@@ -15,7 +15,7 @@ from kdabench.receipts import verify_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cli_helpers import assert_one_line_error, invoke
-from test_bench import TINY_SHAPES, FakeBackend
+from test_bench import CUTE, CUTE_SOURCE, TINY_SHAPES, FakeBackend
 
 
 @pytest.fixture
@@ -103,6 +103,7 @@ def test_help_documents_exit_codes():
     result = invoke("bench", "--help")
     assert result.exit_code == 0 and "Exit codes" in result.output and "--against" in result.output
     assert "--baseline-policy" in result.output and "policy gain" in result.output
+    assert "--backends" in result.output and "triton,cute" in result.output
 
 
 def test_policy_mode_option(monkeypatch, tmp_path, shapes_file):
@@ -167,4 +168,61 @@ def test_bad_baseline_policy_exits_2(monkeypatch, tmp_path, shapes_file, args, e
     use_backend(monkeypatch)
     result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, *args)
     assert_one_line_error(result, 2, *fragments)
+    assert not list(tmp_path.glob("bench-*.json"))
+
+
+def test_backends_option_json(monkeypatch, tmp_path, shapes_file):
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
+                    "--backends", "triton, cute", "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    assert found["ok"] and found["backends"] == ["triton", "cute"]
+    shape = found["shapes"][0]
+    assert shape["median_ms"]["graph"][CUTE] > 0
+    assert shape["backend_ratios"][CUTE]["ratio_kdabench_over"]["graph"] == pytest.approx(1.6)
+    assert shape["config_sources"][CUTE] == CUTE_SOURCE
+    graph = found["summary"]["per_mode"]["graph"]["backends"][CUTE]
+    assert graph["median_ratio_fla_over"] == pytest.approx(4.0)
+    assert "backends triton, cute" in result.stderr  # the header line
+
+
+def test_backends_option_table(monkeypatch, tmp_path, shapes_file):
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
+                    "--backends", "triton,cute")
+    assert result.exit_code == 0, result.output
+    for column in ("fla/kdabench", "cute ms", "fla/cute", "triton/cute", "cute err"):
+        assert column in result.stdout
+    assert "graph: median fla/kdabench 2.50x" in result.stdout
+    assert ("graph: cute backend: median fla/cute 4.00x (min 4.00x) · median triton/cute "
+            "1.60x (min 1.60x)") in result.stdout
+    assert "policy AUTO: kernel configs 4 from fake" in result.stdout
+    assert "backend cute: kernel configs 2 from cute backend, aot fake/sm_90a" in result.stdout
+
+
+def test_default_backend_adds_no_column(monkeypatch, tmp_path, shapes_file):
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot")
+    assert result.exit_code == 0, result.output
+    assert "cute" not in result.stdout and "backends triton ·" in result.stderr
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("triton,metal", "'metal'"), (",", "got nothing"),
+], ids=["unknown", "empty"])
+def test_bad_backends_exit_2(monkeypatch, tmp_path, shapes_file, text, fragment):
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--backends", text)
+    assert_one_line_error(result, 2, "--backends takes a comma-separated list of triton, cute",
+                          fragment)
+    assert not list(tmp_path.glob("bench-*.json"))
+
+
+def test_a_backend_that_cannot_run_exits_2_before_any_shape(monkeypatch, tmp_path, shapes_file):
+    reason = "cannot plan this KDA prefill: the CuTe DSL is not installed"
+    use_backend(monkeypatch, backend_reasons={"cute": reason})
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--backends",
+                    "triton,cute")
+    assert_one_line_error(result, 2, f"--backends cute: {reason}")
     assert not list(tmp_path.glob("bench-*.json"))

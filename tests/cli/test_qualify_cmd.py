@@ -94,6 +94,11 @@ def test_bad_options_exit_2(tiny, tmp_path, args, fragments):
     assert_one_line_error(result, 2, *fragments)
 
 
+def test_cute_backend_on_the_cpu_tier_exits_2(tmp_path):
+    result = invoke("qualify", "--tier", "cpu", "--backend", "cute", "--out", tmp_path)
+    assert_one_line_error(result, 2, "cute backend runs on CUDA GPUs only", "--tier gpu")
+
+
 def test_missing_matrix_file_exits_2(tmp_path):
     result = invoke("qualify", "--matrix", tmp_path / "nope.toml", "--list")
     assert_one_line_error(result, 2, "no such matrix file")

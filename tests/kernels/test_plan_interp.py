@@ -28,12 +28,12 @@ def caps(**changes) -> Caps:
     ({"lower_bound": -6.0}, r"lower_bound -6\.0 outside \[-5\.0, 0\)"),
     ({"lower_bound": 0.0}, r"lower_bound 0\.0 outside"),
     ({"gate": "relu"}, r"gate 'relu' unknown"),
-    ({"backend": "cute"}, r"backend 'cute' is not available"),
+    ({"backend": "tpu"}, r"backend 'tpu' is not available"),
     ({"validation": "host"}, r"validation 'host' unknown"),
     ({"num_heads": 0}, r"num_heads must be >= 1"),
     ({"max_seqs": 0}, r"max_seqs must be >= 1"),
 ], ids=["head-dim-96", "capacity-3", "lower-bound-minus6", "lower-bound-zero", "gate-relu",
-        "backend-cute", "validation-host", "heads-0", "max-seqs-0"])
+        "backend-tpu", "validation-host", "heads-0", "max-seqs-0"])
 def test_plan_refuses_bad_caps_with_the_reason(changes, reason):
     with pytest.raises(KdaConfigError, match=reason):
         plan(caps(**changes))

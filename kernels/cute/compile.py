@@ -1,0 +1,63 @@
+"""Compile one variant with the CuTe DSL (needs nvidia-cutlass-dsl; no GPU).
+
+Arguments are described by fake tensors (flat, symbolic 64-bit extent) and the stream is the
+TVM-FFI environment stream, so the compiled function takes torch tensors and launches on
+torch's current stream (CUDA-graph capture included).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+from cutlass.cute.typing import sym_int64
+
+from . import source
+from .variants import Variant
+
+_ELEMENT = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32,
+            "i32": cutlass.Int32, "i64": cutlass.Int64}
+I64, I32, F32 = _ELEMENT["i64"], _ELEMENT["i32"], _ELEMENT["f32"]
+
+
+def dsl_version() -> str:
+    from importlib.metadata import version
+
+    return version("nvidia-cutlass-dsl")
+
+
+def _flat(element) -> object:
+    return make_fake_compact_tensor(element, (sym_int64(),))
+
+
+def _arguments(variant: Variant) -> tuple[object, list]:
+    """(the @cute.jit function, its example arguments) for a variant."""
+    const = dict(variant.constants)
+    dt = {key: _ELEMENT[value] for key, value in variant.dtypes}
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    i64 = cutlass.Int64(0)
+    if variant.kernel == "validate":
+        tensors = [_flat(I64), _flat(I32), _flat(I64), _flat(I64), _flat(I64), _flat(I64),
+                   _flat(I32)]
+        return source.kda_validate, [*tensors, i64, i64, i64, stream, const["CK"]]
+    if variant.kernel == "prepare":
+        tensors = [_flat(dt["qk"]), _flat(dt["qk"]), _flat(dt["g"]), _flat(dt["beta"]),
+                   _flat(dt["gp"]), _flat(dt["gp"]), _flat(F32), _flat(F32), _flat(F32),
+                   _flat(F32)]
+        return source.kda_prepare, [*tensors, i64, i64, cutlass.Float32(0),
+                                    cutlass.Float32(0), stream, const["K"], const["GATE"],
+                                    bool(const["L2"]), bool(const["BSIG"])]
+    if variant.kernel == "state_pass":
+        tensors = [_flat(dt["v"]), _flat(dt["out"]), _flat(F32), _flat(F32), _flat(F32),
+                   _flat(F32), _flat(F32), _flat(I64), _flat(I32), _flat(I64), _flat(I64),
+                   _flat(I64), _flat(I64), _flat(I32)]
+        return source.kda_state_pass, [*tensors, i64, i64, i64, stream, const["K"],
+                                       const["CK"]]
+    raise ValueError(f"unknown kernel {variant.kernel!r}")
+
+
+def compile_variant(variant: Variant, arch: str | None = None):
+    """The compiled TVM-FFI function of `variant` for `arch` (sm_90a, sm_121a; None: the GPU's)."""
+    function, args = _arguments(variant)
+    options = "--enable-tvm-ffi" + (f" --gpu-arch {arch}" if arch else "")
+    return cute.compile(function, *args, options=options)

@@ -1,0 +1,285 @@
+"""The CuTe DSL kernels of the cute backend (imported only where nvidia-cutlass-dsl is installed).
+
+Three kernels, launched in this order on one stream by kdabench.kernels.cute.launch:
+
+* validate: one block checks the metadata (the rules of DESIGN.md section 2, the same bits as
+  the Triton prologue) and ORs the error bits into a zeroed int32 code;
+* prepare: one warp per (token, head) applies the input transforms (gate, q/k L2 norm, beta
+  sigmoid, the output scale folded into q) and writes fp32 q, k, exp(g) and beta workspaces;
+* state_pass: one block per (sequence, head, block of V columns) runs the token-by-token
+  recurrence with the fp32 state in registers (each column's K rows split over `K // 16`
+  neighbouring lanes, reduced with warp shuffles), writes the output, and stores the state
+  into the pool at every active checkpoint offset and at the end. On a non-zero error code
+  it only fills its share of the output with NaN and never touches the pool.
+
+Every tensor is passed flat (1-D, 64-bit extent) and every address is computed in Int64, so
+pool slots past the 2^31-element line are addressed correctly.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+DUPLICATE_WRITE_SLOT = 1
+MALFORMED_LENGTHS = 2
+SLOT_OUT_OF_RANGE = 4
+BAD_CHECKPOINT_OFFSET = 8
+
+VALIDATE_THREADS = 256
+PREPARE_WARPS = 4
+PASS_THREADS = 128
+ROWS_PER_THREAD = 16
+L2_NORM_EPS = 1e-6
+
+
+def columns_per_block(head_dim: int) -> int:
+    """V columns one state-pass block owns: 128 threads, K // 16 threads per column."""
+    return PASS_THREADS // (head_dim // ROWS_PER_THREAD)
+
+
+@cute.jit
+def _write_slot(final_idx: cute.Tensor, ck_idx: cute.Tensor, w: Int64,
+                ck: cutlass.Constexpr) -> Int64:
+    """Slot of write destination w = n * (1 + CK) + j (j = 0 final, j >= 1 checkpoint j - 1)."""
+    n = w // (1 + ck)
+    j = w % (1 + ck)
+    slot = Int64(-1)
+    if j == 0:
+        slot = final_idx[n]
+    else:
+        slot = ck_idx[n * ck + j - 1]
+    return slot
+
+
+@cute.kernel
+def validate_kernel(
+    cu: cute.Tensor, live: cute.Tensor, init_idx: cute.Tensor, final_idx: cute.Tensor,
+    ck_off: cute.Tensor, ck_idx: cute.Tensor, err: cute.Tensor,
+    meta_capacity: Int64, token_capacity: Int64, num_slots: Int64, CK: cutlass.Constexpr,
+):
+    tid = Int64(cute.arch.thread_idx()[0])
+    num_seqs = Int64(live[0])
+    bits = Int32(0)
+    if num_seqs < 1 or num_seqs > meta_capacity:
+        bits = bits | MALFORMED_LENGTHS
+    else:
+        if tid == 0:
+            if cu[0] != 0 or cu[num_seqs] > token_capacity:
+                bits = bits | MALFORMED_LENGTHS
+        for n in cutlass.range(tid, num_seqs, VALIDATE_THREADS):
+            seqlen = cu[n + 1] - cu[n]
+            if seqlen < 0:
+                bits = bits | MALFORMED_LENGTHS
+            init = init_idx[n]
+            final = final_idx[n]
+            if init < -1 or init >= num_slots or final < -1 or final >= num_slots:
+                bits = bits | SLOT_OUT_OF_RANGE
+            prev = Int64(-1)
+            for c in cutlass.range_constexpr(CK):
+                offset = ck_off[n * CK + c]
+                slot = ck_idx[n * CK + c]
+                if slot < -1 or slot >= num_slots:
+                    bits = bits | SLOT_OUT_OF_RANGE
+                if slot != -1:
+                    if offset < 1 or offset > seqlen - 1 or offset <= prev:
+                        bits = bits | BAD_CHECKPOINT_OFFSET
+                    if offset > prev:
+                        prev = offset
+        num_writes = num_seqs * (1 + CK)
+        for a in cutlass.range(tid, num_writes, VALIDATE_THREADS):
+            slot_a = _write_slot(final_idx, ck_idx, a, CK)
+            if slot_a >= 0:
+                owner_a = a // (1 + CK)
+                for b in cutlass.range(num_writes):
+                    if b != a:
+                        if _write_slot(final_idx, ck_idx, b, CK) == slot_a:
+                            bits = bits | DUPLICATE_WRITE_SLOT
+                for m in cutlass.range(num_seqs):
+                    if m != owner_a:
+                        if init_idx[m] == slot_a:
+                            bits = bits | DUPLICATE_WRITE_SLOT
+    bits = cute.arch.warp_reduction(bits, lambda x, y: x | y)
+    if tid % 32 == 0:
+        if bits != 0:
+            cute.arch.atomic_or(err.iterator, bits)
+
+
+@cute.kernel
+def prepare_kernel(
+    q: cute.Tensor, k: cute.Tensor, g: cute.Tensor, beta: cute.Tensor, A_log: cute.Tensor,
+    dt_bias: cute.Tensor, wq: cute.Tensor, wk: cute.Tensor, wd: cute.Tensor, wb: cute.Tensor,
+    rows: Int64, H: Int64, scale: Float32, lower_bound: Float32,
+    K: cutlass.Constexpr, GATE: cutlass.Constexpr, QK_L2NORM: cutlass.Constexpr,
+    BETA_SIGMOID: cutlass.Constexpr,
+):
+    E = K // 32
+    tid = cute.arch.thread_idx()[0]
+    lane = Int64(tid % 32)
+    row = Int64(cute.arch.block_idx()[0]) * PREPARE_WARPS + Int64(tid // 32)
+    if row < rows:
+        h = row % H
+        base = row * K + lane * E
+        qv = cute.make_rmem_tensor(cute.make_layout(E), Float32)
+        kv = cute.make_rmem_tensor(cute.make_layout(E), Float32)
+        for e in cutlass.range_constexpr(E):
+            qv[e] = Float32(q[base + e])
+            kv[e] = Float32(k[base + e])
+        q_scale = scale
+        k_scale = Float32(1.0)
+        if cutlass.const_expr(QK_L2NORM):
+            qq = Float32(0.0)
+            kk = Float32(0.0)
+            for e in cutlass.range_constexpr(E):
+                qq = qq + qv[e] * qv[e]
+                kk = kk + kv[e] * kv[e]
+            qq = cute.arch.warp_reduction_sum(qq)
+            kk = cute.arch.warp_reduction_sum(kk)
+            q_scale = scale / cute.math.sqrt(qq + L2_NORM_EPS)
+            k_scale = Float32(1.0) / cute.math.sqrt(kk + L2_NORM_EPS)
+        for e in cutlass.range_constexpr(E):
+            wq[base + e] = qv[e] * q_scale
+            wk[base + e] = kv[e] * k_scale
+        rate = Float32(1.0)
+        if cutlass.const_expr(GATE != 0):
+            rate = cute.math.exp(Float32(A_log[h]))
+        for e in cutlass.range_constexpr(E):
+            gate = Float32(g[base + e])
+            if cutlass.const_expr(GATE == 1):
+                x = rate * (gate + Float32(dt_bias[h * K + lane * E + e]))
+                gate = lower_bound / (Float32(1.0) + cute.math.exp(-x))
+            if cutlass.const_expr(GATE == 2):
+                x = gate + Float32(dt_bias[h * K + lane * E + e])
+                softplus = cute.math.max(x, Float32(0.0)) + cute.math.log1p(
+                    cute.math.exp(-cute.math.abs(x)))
+                gate = cute.math.max(-rate * softplus, lower_bound)
+            wd[base + e] = cute.math.exp(gate)
+        if lane == 0:
+            b = Float32(beta[row])
+            if cutlass.const_expr(BETA_SIGMOID):
+                b = Float32(1.0) / (Float32(1.0) + cute.math.exp(-b))
+            wb[row] = b
+
+
+@cute.jit
+def _fill_nan(out: cute.Tensor, n: Int64, h: Int64, col: Int64, H: Int64, token_capacity: Int64,
+              meta_capacity: Int64, K: cutlass.Constexpr):
+    """Poison column `col` of head h in rows n, n + meta_capacity, ... of the output."""
+    nan = Float32(float("nan")).to(out.element_type)
+    for i in cutlass.range((token_capacity - n + meta_capacity - 1) // meta_capacity):
+        out[((n + i * meta_capacity) * H + h) * K + col] = nan
+
+
+@cute.kernel
+def state_pass_kernel(
+    v: cute.Tensor, out: cute.Tensor, pool: cute.Tensor, wq: cute.Tensor, wk: cute.Tensor,
+    wd: cute.Tensor, wb: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
+    init_idx: cute.Tensor, final_idx: cute.Tensor, ck_off: cute.Tensor, ck_idx: cute.Tensor,
+    err: cute.Tensor, H: Int64, token_capacity: Int64, meta_capacity: Int64,
+    K: cutlass.Constexpr, CK: cutlass.Constexpr,
+):
+    R = ROWS_PER_THREAD
+    TPC = K // R
+    COLS = PASS_THREADS // TPC
+    tid = cute.arch.thread_idx()[0]
+    bidx, bidy, bidz = cute.arch.block_idx()
+    n = Int64(bidx)
+    h = Int64(bidy)
+    col = Int64(bidz) * COLS + Int64(tid // TPC)
+    j = Int64(tid % TPC)
+    if err[0] != 0:
+        if j == 0:
+            _fill_nan(out, n, h, col, H, token_capacity, meta_capacity, K)
+    else:
+        if n < Int64(live[0]):
+            bos = cu[n]
+            length = cu[n + 1] - bos
+            S = cute.make_rmem_tensor(cute.make_layout(R), Float32)
+            kv = cute.make_rmem_tensor(cute.make_layout(R), Float32)
+            dv = cute.make_rmem_tensor(cute.make_layout(R), Float32)
+            qv = cute.make_rmem_tensor(cute.make_layout(R), Float32)
+            offsets = cute.make_rmem_tensor(cute.make_layout(CK), Int64)
+            slots = cute.make_rmem_tensor(cute.make_layout(CK), Int64)
+            for c in cutlass.range_constexpr(CK):
+                slots[c] = ck_idx[n * CK + c]
+                offsets[c] = Int64(-1)
+                if slots[c] >= 0:
+                    offsets[c] = ck_off[n * CK + c]
+            head_col = (h * K + col) * K + j * R
+            first = init_idx[n]
+            for r in cutlass.range_constexpr(R):
+                S[r] = Float32(0.0)
+            if first >= 0:
+                for r in cutlass.range_constexpr(R):
+                    S[r] = pool[first * H * K * K + head_col + r]
+            for t in cutlass.range(length):
+                rh = (bos + t) * H + h
+                base = rh * K + j * R
+                for r in cutlass.range_constexpr(R):
+                    kv[r] = wk[base + r]
+                    dv[r] = wd[base + r]
+                    qv[r] = wq[base + r]
+                x = Float32(v[rh * K + col])
+                b = wb[rh]
+                p = Float32(0.0)
+                for r in cutlass.range_constexpr(R):
+                    S[r] = S[r] * dv[r]
+                    p = p + kv[r] * S[r]
+                p = cute.arch.warp_reduction_sum(p, threads_in_group=TPC)
+                u = b * (x - p)
+                o = Float32(0.0)
+                for r in cutlass.range_constexpr(R):
+                    S[r] = S[r] + kv[r] * u
+                    o = o + qv[r] * S[r]
+                o = cute.arch.warp_reduction_sum(o, threads_in_group=TPC)
+                if j == 0:
+                    out[rh * K + col] = o.to(out.element_type)
+                for c in cutlass.range_constexpr(CK):
+                    if t + 1 == offsets[c]:
+                        for r in cutlass.range_constexpr(R):
+                            pool[slots[c] * H * K * K + head_col + r] = S[r]
+            last = final_idx[n]
+            if last >= 0:
+                for r in cutlass.range_constexpr(R):
+                    pool[last * H * K * K + head_col + r] = S[r]
+
+
+@cute.jit
+def kda_validate(
+    cu: cute.Tensor, live: cute.Tensor, init_idx: cute.Tensor, final_idx: cute.Tensor,
+    ck_off: cute.Tensor, ck_idx: cute.Tensor, err: cute.Tensor,
+    meta_capacity: Int64, token_capacity: Int64, num_slots: Int64, stream,
+    CK: cutlass.Constexpr,
+):
+    validate_kernel(cu, live, init_idx, final_idx, ck_off, ck_idx, err, meta_capacity,
+                    token_capacity, num_slots, CK).launch(
+        grid=(1, 1, 1), block=(VALIDATE_THREADS, 1, 1), stream=stream)
+
+
+@cute.jit
+def kda_prepare(
+    q: cute.Tensor, k: cute.Tensor, g: cute.Tensor, beta: cute.Tensor, A_log: cute.Tensor,
+    dt_bias: cute.Tensor, wq: cute.Tensor, wk: cute.Tensor, wd: cute.Tensor, wb: cute.Tensor,
+    rows: Int64, H: Int64, scale: Float32, lower_bound: Float32, stream,
+    K: cutlass.Constexpr, GATE: cutlass.Constexpr, QK_L2NORM: cutlass.Constexpr,
+    BETA_SIGMOID: cutlass.Constexpr,
+):
+    blocks = (rows + PREPARE_WARPS - 1) // PREPARE_WARPS
+    prepare_kernel(q, k, g, beta, A_log, dt_bias, wq, wk, wd, wb, rows, H, scale, lower_bound,
+                   K, GATE, QK_L2NORM, BETA_SIGMOID).launch(
+        grid=(Int32(blocks), 1, 1), block=(32 * PREPARE_WARPS, 1, 1), stream=stream)
+
+
+@cute.jit
+def kda_state_pass(
+    v: cute.Tensor, out: cute.Tensor, pool: cute.Tensor, wq: cute.Tensor, wk: cute.Tensor,
+    wd: cute.Tensor, wb: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
+    init_idx: cute.Tensor, final_idx: cute.Tensor, ck_off: cute.Tensor, ck_idx: cute.Tensor,
+    err: cute.Tensor, H: Int64, token_capacity: Int64, meta_capacity: Int64, stream,
+    K: cutlass.Constexpr, CK: cutlass.Constexpr,
+):
+    state_pass_kernel(v, out, pool, wq, wk, wd, wb, cu, live, init_idx, final_idx, ck_off,
+                      ck_idx, err, H, token_capacity, meta_capacity, K, CK).launch(
+        grid=(Int32(meta_capacity), Int32(H), K // columns_per_block(K)),
+        block=(PASS_THREADS, 1, 1), stream=stream)

@@ -1,0 +1,36 @@
+"""The cute backend behind kdabench.kernels on a machine without a GPU: clear refusals, and
+its fixed config resolved by the policy (the GPU behaviour: test_prefill_cute_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kdabench.kernels import Caps, KdaConfigError, kda_prefill, plan, resolve_config
+from kdabench.kernels.config import CuteConfig
+
+CUTE_ON_CPU = Caps(device="cpu", num_heads=2, head_dim=64, max_tokens=16, max_seqs=1,
+                   max_state_slots=4, backend="cute")
+
+
+def test_plan_on_cpu_says_cuda_only():
+    with pytest.raises(KdaConfigError, match="cute backend runs on CUDA devices only"):
+        plan(CUTE_ON_CPU)
+
+
+def test_functional_call_on_cpu_is_refused_before_any_write():
+    q = torch.zeros(16, 2, 64, dtype=torch.bfloat16)
+    pool = torch.full((4, 2, 64, 64), 0.5)
+    with pytest.raises(KdaConfigError, match="CUDA devices only"):
+        kda_prefill(q, q, q, torch.zeros(16, 2, 64), torch.zeros(16, 2), state_pool=pool,
+                    cu_seqlens=torch.tensor([0, 16], dtype=torch.int32),
+                    initial_state_indices=torch.tensor([0], dtype=torch.int32),
+                    final_state_indices=torch.tensor([1], dtype=torch.int32), backend="cute")
+    assert torch.equal(pool, torch.full((4, 2, 64, 64), 0.5))
+
+
+def test_policy_resolves_the_fixed_cute_config_whatever_the_mode():
+    for mode in ("AUTO", "HEURISTIC_ONLY", "PREPLANNED_ONLY"):
+        resolved = resolve_config(CUTE_ON_CPU, mode=mode)
+        assert resolved.config == CuteConfig()
+        assert resolved.source.startswith("cute backend")

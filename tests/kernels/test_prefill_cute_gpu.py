@@ -1,0 +1,160 @@
+"""The cute backend on a GPU (issue 9): the contract of DESIGN.md section 2, as the Triton tests.
+
+Runs the CuTe kernels from an ahead-of-time build ($KDABENCH_CUTE_KERNELS) or compiled just in
+time; skips without a GPU or when neither is available. Checks outputs, final states and up to
+four exported states against the float64 recurrence (all gate modes and transforms, K 64 and
+128, int32 and int64 indices), a fault leaving the pool bit for bit unchanged, one CUDA graph
+replayed with new metadata, and agreement with the Triton backend on the same inputs.
+
+    KDABENCH_CUTE_KERNELS=DIR python -m pytest tests/kernels/test_prefill_cute_gpu.py -m gpu
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kdabench.inputs import make_inputs
+from kdabench.kernels import Caps, MetadataFault, bind, ineligibility, kda_prefill, plan, run
+from kdabench.oracles import recurrent_kda, relative_error
+
+pytestmark = pytest.mark.gpu
+
+OUTPUT_TOL = 5e-3
+STATE_TOL = 3e-3
+DEVICE = "cuda"
+SENTINEL = 0.25
+
+# lengths, heads, head_dim, gate, qk_l2norm + beta_sigmoid, capacity, index dtype
+CASES = {
+    "K128-H8-ragged-precomputed-C4": ([700, 1, 64, 333], 8, 128, "precomputed", False, 4,
+                                      torch.int32),
+    "K64-H4-sigmoid-fused-C2-i64": ([257, 1000], 4, 64, "sigmoid", True, 2, torch.int64),
+    "K128-H2-softplus-C1": ([2048], 2, 128, "softplus", False, 1, torch.int32),
+    "K128-H16-fused-softplus-C4": ([513, 129, 77], 16, 128, "softplus", True, 4, torch.int64),
+}
+
+
+@pytest.fixture(autouse=True)
+def cute_available():
+    reasons = ineligibility(Caps(device=DEVICE, num_heads=1, head_dim=64, max_tokens=1,
+                                 max_seqs=1, max_state_slots=1, backend="cute"))
+    if reasons:
+        pytest.skip("cute backend unavailable: " + "; ".join(reasons))
+
+
+def metadata(lengths: list[int], capacity: int, dtype: torch.dtype, seed: int):
+    """Slots (initial n, final N + n, checkpoints after) and random increasing offsets."""
+    rng = random.Random(seed)
+    n = len(lengths)
+    offsets, slots = [], []
+    for i, length in enumerate(lengths):
+        picks = sorted(rng.sample(range(1, length), min(capacity, length - 1)))
+        picks += [1] * (capacity - len(picks))
+        active = min(capacity, length - 1)
+        offsets.append(picks)
+        slots.append([2 * n + i * capacity + c if c < active else -1 for c in range(capacity)])
+    shape = (n,) if capacity == 1 else (n, capacity)
+
+    def tensor(values):
+        return torch.tensor(values, dtype=dtype, device=DEVICE).reshape(shape)
+
+    cu = [0]
+    for length in lengths:
+        cu.append(cu[-1] + length)
+    return {
+        "cu_seqlens": torch.tensor(cu, dtype=dtype, device=DEVICE),
+        "initial_state_indices": torch.arange(n, dtype=dtype, device=DEVICE),
+        "final_state_indices": torch.arange(n, 2 * n, dtype=dtype, device=DEVICE),
+        "checkpoint_offsets": tensor(offsets),
+        "checkpoint_state_indices": tensor(slots),
+    }, offsets, slots, 2 * n + n * capacity
+
+
+def prepared(case_id: str):
+    lengths, heads, dim, gate, fused, capacity, dtype = CASES[case_id]
+    x = make_inputs(lengths, heads, dim, gate=gate, qk_l2norm=fused, beta_sigmoid=fused,
+                    seed=len(case_id), device=DEVICE)
+    tensors, offsets, slots, num_slots = metadata(lengths, capacity, dtype, seed=heads)
+    pool = torch.full((num_slots, heads, dim, dim), SENTINEL, device=DEVICE)
+    pool[: len(lengths)] = x.initial_state
+    return x, tensors, offsets, slots, pool
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_against_float64(case_id):
+    x, tensors, offsets, slots, pool = prepared(case_id)
+    lengths = x.lengths
+    active = [[o for o, s in zip(row, srow, strict=True) if s >= 0]
+              for row, srow in zip(offsets, slots, strict=True)]
+    result = kda_prefill(x.q, x.k, x.v, x.g, x.beta, state_pool=pool, backend="cute",
+                         **tensors, **x.gate_kwargs())
+    assert int(result.error_code) == 0, result.message()
+    ref = recurrent_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens.tolist(),
+                        initial_state=x.initial_state, prefix_lengths=active, device=DEVICE,
+                        **x.gate_kwargs())
+    n = len(lengths)
+    assert relative_error(ref.o, result.o) <= OUTPUT_TOL
+    assert relative_error(ref.final_state, pool[n: 2 * n]) <= STATE_TOL
+    for m in range(n):
+        live = [s for s in slots[m] if s >= 0]
+        for c, slot in enumerate(live):
+            assert relative_error(ref.prefix_states[m][c], pool[slot]) <= STATE_TOL
+
+
+def test_fault_leaves_pool_untouched():
+    x, tensors, _, _, pool = prepared("K128-H8-ragged-precomputed-C4")
+    tensors["final_state_indices"][1] = tensors["final_state_indices"][0]  # one slot twice
+    before = pool.clone()
+    result = kda_prefill(x.q, x.k, x.v, x.g, x.beta, state_pool=pool, backend="cute",
+                         **tensors, **x.gate_kwargs())
+    assert int(result.error_code) & int(MetadataFault.DUPLICATE_WRITE_SLOT)
+    assert torch.equal(pool, before)
+    assert torch.isnan(result.o).all()
+
+
+def test_cuda_graph_replays_with_new_metadata():
+    x, tensors, _, _, pool = prepared("K128-H8-ragged-precomputed-C4")
+    caps = Caps(device=DEVICE, num_heads=8, head_dim=128, max_tokens=x.q.shape[0],
+                max_seqs=4, max_state_slots=pool.shape[0], max_checkpoints=4, backend="cute")
+    binding = bind(plan(caps), x.q, x.k, x.v, x.g, x.beta, state_pool=pool, **tensors)
+    start = pool.clone()
+    run(binding)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        run(binding)
+    cu = torch.tensor([0, 300, 700, 863, 1098], dtype=torch.int32, device=DEVICE)  # new split
+    binding.cu_seqlens.copy_(cu)
+    new_offsets = torch.tensor([[10, 20, 30, 299], [1, 2, 3, 399], [5, 6, 7, 8],
+                                [100, 200, 210, 234]], dtype=torch.int32, device=DEVICE)
+    binding.checkpoint_offsets.copy_(new_offsets)
+    binding.checkpoint_state_indices.copy_(torch.arange(8, 24, device=DEVICE).reshape(4, 4))
+    pool.copy_(start)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(binding.plan.error_code) == 0
+    ref = recurrent_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=cu.tolist(),
+                        initial_state=x.initial_state, prefix_lengths=new_offsets.tolist(),
+                        device=DEVICE)
+    assert relative_error(ref.o, binding.out) <= OUTPUT_TOL
+    assert relative_error(ref.final_state, pool[4:8]) <= STATE_TOL
+    for m in range(4):
+        for c in range(4):
+            slot = int(binding.checkpoint_state_indices[m, c])
+            assert relative_error(ref.prefix_states[m][c], pool[slot]) <= STATE_TOL
+
+
+def test_agrees_with_the_triton_backend():
+    x, tensors, _, _, pool = prepared("K64-H4-sigmoid-fused-C2-i64")
+    pools = {}
+    outputs = {}
+    for backend in ("triton", "cute"):
+        pools[backend] = pool.clone()
+        outputs[backend] = kda_prefill(x.q, x.k, x.v, x.g, x.beta, state_pool=pools[backend],
+                                       backend=backend, **tensors, **x.gate_kwargs()).o
+    assert relative_error(outputs["triton"], outputs["cute"]) <= 2 * OUTPUT_TOL
+    assert relative_error(pools["triton"], pools["cute"]) <= 2 * STATE_TOL
