@@ -40,6 +40,7 @@ TOOLCHAIN_DISTRIBUTIONS = {
     "rich": "rich",
     "numpy": "numpy",
     "cutlass-dsl": "nvidia-cutlass-dsl",
+    "tvm-ffi": "apache-tvm-ffi",
     "fla": "flash-linear-attention",
 }
 

@@ -234,15 +234,17 @@ def test_the_committed_receipts_are_reported_with_every_case_and_a_plot(tmp_path
     assert "#### Summary by scenario" in text and "#### Summary by axis" in text
 
 
-def test_the_committed_qualify_receipt_summary_counts_its_cases(tmp_path: Path):
-    (committed,) = RESULTS.glob("qualify-nvidia-h200-*.json")
-    cases = json.loads(committed.read_text(encoding="utf-8"))["cases"]
-    result = build_report([committed], tmp_path)
-    text = result.markdown_path.read_text(encoding="utf-8")
-    for scenario in ("accuracy", "fault"):
-        count = sum(case["scenario"] == scenario for case in cases)
-        assert count > 0 and f"| {scenario} | {count} | {count} | 0 | 0 | 0 |" in text
-    assert f"{len(cases)} cases: {len(cases)} pass, 0 fail, 0 error, 0 skip" in text
+def test_each_committed_qualify_receipt_summary_counts_its_cases(tmp_path: Path):
+    receipts = sorted(RESULTS.glob("qualify-nvidia-h200-*.json"))
+    assert receipts, "results/ holds no H200 qualify receipt"
+    for number, committed in enumerate(receipts):
+        cases = json.loads(committed.read_text(encoding="utf-8"))["cases"]
+        result = build_report([committed], tmp_path / str(number))
+        text = result.markdown_path.read_text(encoding="utf-8")
+        for scenario in ("accuracy", "fault"):
+            count = sum(case["scenario"] == scenario for case in cases)
+            assert count > 0 and f"| {scenario} | {count} | {count} | 0 | 0 | 0 |" in text
+        assert f"{len(cases)} cases: {len(cases)} pass, 0 fail, 0 error, 0 skip" in text
 
 
 # --------------------------------------------------------------------------- qualify
