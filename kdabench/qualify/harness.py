@@ -2,7 +2,7 @@
 call (inputs, pool, caps, timing), the checks of accepted and rejected metadata, and the
 valid and rejected runs that more than one scenario starts from.
 
-The kernels are imported lazily (`_kernels()`): the CPU tier sets TRITON_INTERPRET=1, which
+The kernels are imported lazily (`kernels_api()`): the CPU tier sets TRITON_INTERPRET=1, which
 works only before `kdabench.kernels` is first imported.
 """
 
@@ -25,7 +25,7 @@ from kdabench.qualify.metadata import Metadata, build_metadata
 SENTINEL = 0.25  # the value of every pool slot that no sequence reads
 
 
-def _kernels():
+def kernels_api():
     from kdabench import kernels
 
     return kernels
@@ -78,7 +78,7 @@ class Outcome:
                      f"{name} error {error:.3e} exceeds tolerance {tolerance:.1e}")
 
 
-def _inputs(ctx: Context, case: Case, lengths: Sequence[int], salt: str = "") -> KdaInputs:
+def case_inputs(ctx: Context, case: Case, lengths: Sequence[int], salt: str = "") -> KdaInputs:
     p = case.params
     return make_inputs(
         list(lengths), p["heads"], p["head_dim"], gate=p.get("gate", "precomputed"),
@@ -88,35 +88,35 @@ def _inputs(ctx: Context, case: Case, lengths: Sequence[int], salt: str = "") ->
     )
 
 
-def _index_dtype(case: Case) -> torch.dtype:
+def index_dtype(case: Case) -> torch.dtype:
     return torch.int64 if case.params.get("index_dtype") == "int64" else torch.int32
 
 
-def _shape(meta: Metadata) -> dict[str, Any]:
+def shape_record(meta: Metadata) -> dict[str, Any]:
     return {"num_seqs": len(meta.initial), "tokens": meta.cu_seqlens[-1],
             "lengths": meta.lengths, "num_slots": meta.num_slots,
             "active_checkpoints": len(meta.active_entries())}
 
 
-def _make_pool(ctx: Context, meta: Metadata, x: KdaInputs) -> torch.Tensor:
+def make_pool(ctx: Context, meta: Metadata, x: KdaInputs) -> torch.Tensor:
     """The state pool: SENTINEL everywhere, each sequence's initial state in its slot
     (slots out of range, which faults ask for, are left out)."""
     H, D = x.q.shape[1], x.q.shape[2]
     pool = torch.full((meta.num_slots, H, D, D), SENTINEL, dtype=torch.float32,
                       device=ctx.device)
-    _load_initial(pool, meta, x, range(meta.num_slots))
+    load_initial(pool, meta, x, range(meta.num_slots))
     return pool
 
 
-def _load_initial(pool: torch.Tensor, meta: Metadata, x: KdaInputs, valid: range) -> None:
+def load_initial(pool: torch.Tensor, meta: Metadata, x: KdaInputs, valid: range) -> None:
     for n, slot in enumerate(meta.initial[: x.initial_state.shape[0]]):
         if slot in valid:
             pool[slot] = x.initial_state[n]
 
 
-def _caps(ctx: Context, case: Case, meta: Metadata, tokens: int):
+def case_caps(ctx: Context, case: Case, meta: Metadata, tokens: int):
     p = case.params
-    return _kernels().Caps(
+    return kernels_api().Caps(
         device=ctx.device, num_heads=p["heads"], head_dim=p["head_dim"],
         max_tokens=max(tokens, 1), max_seqs=max(len(meta.initial), 1),
         max_state_slots=max(meta.num_slots, 1), max_checkpoints=p["capacity"],
@@ -126,17 +126,17 @@ def _caps(ctx: Context, case: Case, meta: Metadata, tokens: int):
     )
 
 
-def _kernel_record(ctx: Context, caps, activation_dtype=torch.bfloat16) -> dict[str, Any]:
+def kernel_record(ctx: Context, caps, activation_dtype=torch.bfloat16) -> dict[str, Any]:
     """What kda_prefill resolves for a call with these caps: its config, source and mode
     (resolved as plan() does, without allocating a second plan's workspaces)."""
-    resolved = _kernels().resolve_config(caps, activation_dtype=activation_dtype)
+    resolved = kernels_api().resolve_config(caps, activation_dtype=activation_dtype)
     return config_record(resolved.config, resolved.source, resolved.mode.value)
 
 
-def _prefill(ctx: Context, x: KdaInputs, meta: Metadata, pool: torch.Tensor, dtype, *,
+def prefill_call(ctx: Context, x: KdaInputs, meta: Metadata, pool: torch.Tensor, dtype, *,
              out: torch.Tensor | None = None, rows: torch.Tensor | None = None):
     """A closure making one functional kda_prefill call (no host sync) -> KdaResult."""
-    kernels = _kernels()
+    kernels = kernels_api()
     tensors = meta.tensors(ctx.device, dtype)
     q, k, v, g, beta = x.q, x.k, x.v, x.g, x.beta
     if rows is not None:
@@ -149,12 +149,12 @@ def _prefill(ctx: Context, x: KdaInputs, meta: Metadata, pool: torch.Tensor, dty
     return call
 
 
-def _result(result) -> tuple[torch.Tensor, int]:
+def result_of(result) -> tuple[torch.Tensor, int]:
     """(output, error code) of a KdaResult (synchronises)."""
     return result.o, int(result.error_code.item())
 
 
-def _time(ctx: Context, call: Callable[[], Any]) -> list[float]:
+def time_call(ctx: Context, call: Callable[[], Any]) -> list[float]:
     """Raw CUDA-event samples (ms) of `call` after warmup; [] on the CPU tier."""
     if not ctx.gpu or not ctx.timing:
         return []
@@ -174,7 +174,7 @@ def _time(ctx: Context, call: Callable[[], Any]) -> list[float]:
 # --------------------------------------------------------------------------- checks
 
 
-def _oracle(ctx: Context, x: KdaInputs, meta: Metadata, before):
+def oracle(ctx: Context, x: KdaInputs, meta: Metadata, before):
     """The float64 recurrence over the live tokens, from the initial states the pool held."""
     zeros = torch.zeros_like(x.initial_state[0])
     initial = torch.stack([before[slot] if slot >= 0 else zeros for slot in meta.initial])
@@ -194,11 +194,11 @@ def check_valid(out: Outcome, ctx: Context, case: Case, x: KdaInputs, meta: Meta
     (`ref`, when the caller already has it, else computed here)."""
     tol = case.options["tolerances"]
     if code:
-        decoded = _kernels().decode_error_code(code)
+        decoded = kernels_api().decode_error_code(code)
         out.failures.append(f"{prefix}valid metadata rejected: {decoded}")
         return None
     if ref is None:
-        ref = _oracle(ctx, x, meta, before)
+        ref = oracle(ctx, x, meta, before)
     tokens = meta.cu_seqlens[-1]
     out.within("output", relative_error(ref.o, output[:tokens]), tol["output"])
     for n, slot in enumerate(meta.final):
@@ -241,44 +241,44 @@ def check_rejected(out: Outcome, pool: torch.Tensor, before: torch.Tensor, outpu
 # --------------------------------------------------------------------------- shared runs
 
 
-def _valid_run(ctx: Context, case: Case, *, scatter: bool = False):
+def valid_run(ctx: Context, case: Case, *, scatter: bool = False):
     p = case.params
     rng = ctx.rng(case)
-    x = _inputs(ctx, case, case.lengths)
+    x = case_inputs(ctx, case, case.lengths)
     meta = build_metadata(case.lengths, p["capacity"], p["offsets"], rng, scatter=scatter)
     return x, meta, rng
 
 
-def _fault_base(ctx: Context, case: Case) -> tuple[KdaInputs, Metadata, random.Random]:
+def fault_base(ctx: Context, case: Case) -> tuple[KdaInputs, Metadata, random.Random]:
     """Valid metadata with every initial slot set, so that any fault can be built on it."""
     rng = ctx.rng(case)
-    x = _inputs(ctx, case, case.lengths)
+    x = case_inputs(ctx, case, case.lengths)
     meta = build_metadata(case.lengths, case.params["capacity"], case.params["offsets"], rng,
                           initial_share=1.0)
     return x, meta, rng
 
 
-def _rejected_run(ctx: Context, case: Case, x: KdaInputs, meta: Metadata, expected: int,
+def rejected_run(ctx: Context, case: Case, x: KdaInputs, meta: Metadata, expected: int,
                   out: Outcome) -> None:
     """Run metadata that must be rejected (planned path when it sets a live count)."""
-    dtype = _index_dtype(case)
-    pool = _make_pool(ctx, meta, x)
+    dtype = index_dtype(case)
+    pool = make_pool(ctx, meta, x)
     before = pool.clone()
     oracle_code = meta.expected_code(x.q.shape[0])
     if meta.num_seqs is None:
-        call = _prefill(ctx, x, meta, pool, dtype)
+        call = prefill_call(ctx, x, meta, pool, dtype)
     else:  # the live count is a planned-path input
-        kernels = _kernels()
-        planned = kernels.plan(_caps(ctx, case, meta, x.q.shape[0]))
+        kernels = kernels_api()
+        planned = kernels.plan(case_caps(ctx, case, meta, x.q.shape[0]))
         binding = kernels.bind(planned, x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
                                num_seqs=meta.num_seqs, A_log=x.A_log, dt_bias=x.dt_bias,
                                **meta.tensors(ctx.device, dtype))
 
         def call():
             return kernels.run(binding)
-    output, code = _result(call())
-    out.shape = _shape(meta)
+    output, code = result_of(call())
+    out.shape = shape_record(meta)
     check_rejected(out, pool, before, output, code, expected, oracle_code)
     out.checks["oracle_error_code"] = oracle_code
-    out.kernel = _kernel_record(ctx, _caps(ctx, case, meta, x.q.shape[0]))
-    out.samples_ms = _time(ctx, call)
+    out.kernel = kernel_record(ctx, case_caps(ctx, case, meta, x.q.shape[0]))
+    out.samples_ms = time_call(ctx, call)

@@ -16,15 +16,15 @@ from kdabench.matrix import Case
 from kdabench.qualify.harness import (
     Context,
     Outcome,
-    _caps,
-    _index_dtype,
-    _kernels,
-    _make_pool,
-    _oracle,
-    _result,
-    _shape,
-    _valid_run,
+    case_caps,
     check_valid,
+    index_dtype,
+    kernels_api,
+    make_pool,
+    oracle,
+    result_of,
+    shape_record,
+    valid_run,
 )
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def run_profile_configs(ctx: Context, case: Case) -> Outcome:
         out.note = (f"the {ctx.backend} backend has one fixed config, qualified by the other "
                     "scenarios; profiles hold Triton configs")
         return out
-    kernels = _kernels()
+    kernels = kernels_api()
     device = device_name_of(ctx.device)
     profile = find_profile(device)
     if profile is None or not profile.entries:
@@ -87,10 +87,10 @@ def run_profile_configs(ctx: Context, case: Case) -> Outcome:
                     f"{head_dim}: the policy picks them only for other head dims")
         return out
 
-    x, meta, _ = _valid_run(ctx, case)
-    before = _make_pool(ctx, meta, x)
-    ref = _oracle(ctx, x, meta, before)  # once, for every config
-    caps = _caps(ctx, case, meta, x.q.shape[0])
+    x, meta, _ = valid_run(ctx, case)
+    before = make_pool(ctx, meta, x)
+    ref = oracle(ctx, x, meta, before)  # once, for every config
+    caps = case_caps(ctx, case, meta, x.q.shape[0])
     tol = case.options["tolerances"]
     lines = []
     for config, queries in runnable.items():
@@ -98,8 +98,8 @@ def run_profile_configs(ctx: Context, case: Case) -> Outcome:
         pool = before.clone()
         binding = kernels.bind(kernels.plan(caps, config), x.q, x.k, x.v, x.g, x.beta,
                                state_pool=pool, A_log=x.A_log, dt_bias=x.dt_bias,
-                               **meta.tensors(ctx.device, _index_dtype(case)))
-        output, code = _result(kernels.run(binding))
+                               **meta.tensors(ctx.device, index_dtype(case)))
+        output, code = result_of(kernels.run(binding))
         one = Outcome()
         check_valid(one, ctx, case, x, meta, pool, before, output, code, ref=ref)
         for name, error in one.errors.items():
@@ -113,7 +113,7 @@ def run_profile_configs(ctx: Context, case: Case) -> Outcome:
         out.details["configs"].append({
             "config": label, "queries": queries, "error_code": code, "errors": one.errors,
             "verdict": verdict})
-    out.shape = _shape(meta)
+    out.shape = shape_record(meta)
     out.checks["configs"] = lines
     out.kernel = {
         "kernel_config": [dataclasses.asdict(c) for c in runnable],

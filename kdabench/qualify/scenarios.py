@@ -21,22 +21,22 @@ from kdabench.qualify.harness import (
     SENTINEL,
     Context,
     Outcome,
-    _caps,
-    _fault_base,
-    _index_dtype,
-    _inputs,
-    _kernel_record,
-    _kernels,
-    _load_initial,
-    _make_pool,
-    _prefill,
-    _rejected_run,
-    _result,
-    _shape,
-    _time,
-    _valid_run,
+    case_caps,
+    case_inputs,
     check_rejected,
     check_valid,
+    fault_base,
+    index_dtype,
+    kernel_record,
+    kernels_api,
+    load_initial,
+    make_pool,
+    prefill_call,
+    rejected_run,
+    result_of,
+    shape_record,
+    time_call,
+    valid_run,
 )
 from kdabench.qualify.metadata import CHUNK, CannotBuild, Metadata, build_metadata, choose_offsets
 from kdabench.qualify.profile_configs import run_profile_configs
@@ -51,18 +51,18 @@ def run_accuracy(ctx: Context, case: Case, *, meta_edit=None, poison: bool = Fal
     poison: the output buffer starts as NaN and every live row must be written.
     """
     out = Outcome()
-    x, meta, rng = _valid_run(ctx, case, scatter=meta_edit is not None)
+    x, meta, rng = valid_run(ctx, case, scatter=meta_edit is not None)
     if meta_edit is not None:
         meta_edit(meta, rng, out)
-    dtype = _index_dtype(case)
-    pool = _make_pool(ctx, meta, x)
+    dtype = index_dtype(case)
+    pool = make_pool(ctx, meta, x)
     before = pool.clone()
     buffer = None
     if poison:
         buffer = torch.full(x.v.shape, float("nan"), dtype=x.v.dtype, device=ctx.device)
-    call = _prefill(ctx, x, meta, pool, dtype, out=buffer)
-    output, code = _result(call())
-    out.shape = _shape(meta)
+    call = prefill_call(ctx, x, meta, pool, dtype, out=buffer)
+    output, code = result_of(call())
+    out.shape = shape_record(meta)
     out.checks["error_code"] = code
     if poison:
         finite = bool(torch.isfinite(output).all())
@@ -70,8 +70,8 @@ def run_accuracy(ctx: Context, case: Case, *, meta_edit=None, poison: bool = Fal
         out.require(finite, "a live output row kept its NaN poison")
         out.require(output.data_ptr() == buffer.data_ptr(), "the output is not the buffer given")
     check_valid(out, ctx, case, x, meta, pool, before, output, code)
-    out.kernel = _kernel_record(ctx, _caps(ctx, case, meta, x.q.shape[0]))
-    out.samples_ms = _time(ctx, call)
+    out.kernel = kernel_record(ctx, case_caps(ctx, case, meta, x.q.shape[0]))
+    out.samples_ms = time_call(ctx, call)
     return out
 
 
@@ -115,13 +115,13 @@ def run_poisoned(ctx: Context, case: Case) -> Outcome:
 def run_prefix(ctx: Context, case: Case) -> Outcome:
     """Checkpoints vs kernel runs over each prefix: bit for bit where the offset is aligned."""
     out = Outcome()
-    x, meta, _ = _valid_run(ctx, case)
-    dtype, capacity = _index_dtype(case), case.params["capacity"]
-    pool = _make_pool(ctx, meta, x)
+    x, meta, _ = valid_run(ctx, case)
+    dtype, capacity = index_dtype(case), case.params["capacity"]
+    pool = make_pool(ctx, meta, x)
     before = pool.clone()
-    call = _prefill(ctx, x, meta, pool, dtype)
-    output, code = _result(call())
-    out.shape = _shape(meta)
+    call = prefill_call(ctx, x, meta, pool, dtype)
+    output, code = result_of(call())
+    out.shape = shape_record(meta)
     out.checks["error_code"] = code
     check_valid(out, ctx, case, x, meta, pool, before, output, code)
     if code:
@@ -144,7 +144,7 @@ def run_prefix(ctx: Context, case: Case) -> Outcome:
         if slot >= 0:
             prefix_pool[i] = before[slot]
     rows = batch.token_index.to(ctx.device)
-    _, prefix_code = _result(_prefill(ctx, x, prefix_meta, prefix_pool, dtype, rows=rows)())
+    _, prefix_code = result_of(prefill_call(ctx, x, prefix_meta, prefix_pool, dtype, rows=rows)())
     out.require(prefix_code == 0, f"the prefix run was rejected (code {prefix_code})")
     aligned = equal = 0
     worst_abs, worst_unaligned = 0.0, 0.0
@@ -166,25 +166,25 @@ def run_prefix(ctx: Context, case: Case) -> Outcome:
     out.checks.update(aligned_checkpoints=aligned, aligned_bitwise_equal=equal)
     out.require(aligned > 0 or case.params["offsets"] != "aligned",
                 "no aligned checkpoint fits this layout")
-    out.kernel = _kernel_record(ctx, _caps(ctx, case, meta, x.q.shape[0]))
-    out.samples_ms = _time(ctx, call)
+    out.kernel = kernel_record(ctx, case_caps(ctx, case, meta, x.q.shape[0]))
+    out.samples_ms = time_call(ctx, call)
     return out
 
 
 def run_fault(ctx: Context, case: Case) -> Outcome:
     """One fault class: its exact bit, the pool bit for bit unchanged, the output all NaN."""
     out = Outcome()
-    x, meta, rng = _fault_base(ctx, case)
+    x, meta, rng = fault_base(ctx, case)
     variant = case.params["variant"]
     FAULTS[variant](meta, rng)
-    _rejected_run(ctx, case, x, meta, FAULT_BITS[variant], out)
+    rejected_run(ctx, case, x, meta, FAULT_BITS[variant], out)
     return out
 
 
 def run_invalid_fourth(ctx: Context, case: Case) -> Outcome:
     """Capacity 4, three good destinations and a bad fourth one."""
     out = Outcome()
-    x, meta, rng = _fault_base(ctx, case)
+    x, meta, rng = fault_base(ctx, case)
     n = max(range(len(meta.lengths)), key=lambda i: meta.lengths[i])
     length = meta.lengths[n]
     if length < 5:
@@ -209,7 +209,7 @@ def run_invalid_fourth(ctx: Context, case: Case) -> Outcome:
     if meta.slots[n][3] is None:
         raise CannotBuild("no other sequence has an initial slot to alias")
     out.details["fourth_destination"] = meta.slots[n][3]
-    _rejected_run(ctx, case, x, meta, FOURTH_BITS[variant], out)
+    rejected_run(ctx, case, x, meta, FOURTH_BITS[variant], out)
     return out
 
 
@@ -239,14 +239,14 @@ def run_fuzz(ctx: Context, case: Case) -> Outcome:
                 except (CannotBuild, IndexError):  # the set has no room for this one
                     continue
                 applied.append(name)
-        x = _inputs(ctx, case, lengths, f"set{s}")
+        x = case_inputs(ctx, case, lengths, f"set{s}")
         dtype = rng.choice((torch.int32, torch.int64))
         expected = meta.expected_code(x.q.shape[0])
-        pool = _make_pool(ctx, meta, x)
+        pool = make_pool(ctx, meta, x)
         before = pool.clone()
-        output, code = _result(_prefill(ctx, x, meta, pool, dtype)())
+        output, code = result_of(prefill_call(ctx, x, meta, pool, dtype)())
         if not out.kernel:  # what the first set resolved (each set plans its own call)
-            out.kernel = _kernel_record(ctx, _caps(ctx, case, meta, x.q.shape[0]))
+            out.kernel = kernel_record(ctx, case_caps(ctx, case, meta, x.q.shape[0]))
         failures_before = len(out.failures)
         tag = f"set {s}: "
         if expected:
@@ -269,12 +269,12 @@ def run_graph(ctx: Context, case: Case) -> Outcome:
     sequence counts: `replays` replays checked against the oracle, plus one (the third)
     whose metadata must be rejected, after which the replays must recover."""
     out = Outcome()
-    kernels = _kernels()
+    kernels = kernels_api()
     p = case.params
     capacity, layout = p["capacity"], list(case.lengths)
     rng = ctx.rng(case)
-    dtype = _index_dtype(case)
-    x = _inputs(ctx, case, layout)
+    dtype = index_dtype(case)
+    x = case_inputs(ctx, case, layout)
     max_seqs, tokens = len(layout), sum(layout)
     num_slots = max_seqs * (2 + capacity) + 4
     shape_meta = Metadata([0] * (max_seqs + 1), [-1] * max_seqs, [-1] * max_seqs,
@@ -283,7 +283,7 @@ def run_graph(ctx: Context, case: Case) -> Outcome:
     static = shape_meta.tensors(ctx.device, dtype)
     pool = torch.full((num_slots, p["heads"], p["head_dim"], p["head_dim"]), SENTINEL,
                       dtype=torch.float32, device=ctx.device)
-    planned = kernels.plan(_caps(ctx, case, shape_meta, tokens))
+    planned = kernels.plan(case_caps(ctx, case, shape_meta, tokens))
     binding = kernels.bind(planned, x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
                            A_log=x.A_log, dt_bias=x.dt_bias, **static)
 
@@ -300,7 +300,7 @@ def run_graph(ctx: Context, case: Case) -> Outcome:
             static[key].copy_(torch.cat([fresh[key], filler]))
         binding.set_num_seqs(live)
         pool.fill_(SENTINEL)
-        _load_initial(pool, meta, x, range(num_slots))
+        load_initial(pool, meta, x, range(num_slots))
 
     def draw(r: int) -> Metadata:
         count = max_seqs if r in (0, 2) else 1 if r == 1 else rng.randint(1, max_seqs)
@@ -339,7 +339,7 @@ def run_graph(ctx: Context, case: Case) -> Outcome:
     out.details["replays"] = replays
     out.shape = {"max_seqs": max_seqs, "max_tokens": tokens, "num_slots": num_slots}
     out.kernel = plan_record(planned)
-    out.samples_ms = _time(ctx, graph.replay)
+    out.samples_ms = time_call(ctx, graph.replay)
     del graph
     return out
 
@@ -349,7 +349,7 @@ def run_int32_boundary(ctx: Context, case: Case) -> Outcome:
     out = Outcome()
     p = case.params
     rng = ctx.rng(case)
-    x = _inputs(ctx, case, case.lengths)
+    x = case_inputs(ctx, case, case.lengths)
     slot_elements = p["heads"] * p["head_dim"] * p["head_dim"]
     line = -(-INT32_LINE // slot_elements)  # first slot starting at or past 2^31 elements
     meta = build_metadata(case.lengths, p["capacity"], p["offsets"], rng)
@@ -363,20 +363,20 @@ def run_int32_boundary(ctx: Context, case: Case) -> Outcome:
                        dtype=torch.float32, device=ctx.device)
     watched = [0, 1, *range(base, meta.num_slots)]
     pool[watched] = SENTINEL
-    _load_initial(pool, meta, x, range(meta.num_slots))
+    load_initial(pool, meta, x, range(meta.num_slots))
     before = {s: pool[s].clone() for s in watched}
-    dtype = _index_dtype(case)
-    call = _prefill(ctx, x, meta, pool, dtype)
-    output, code = _result(call())
-    out.shape = {**_shape(meta), "pool_bytes": pool.numel() * 4,
+    dtype = index_dtype(case)
+    call = prefill_call(ctx, x, meta, pool, dtype)
+    output, code = result_of(call())
+    out.shape = {**shape_record(meta), "pool_bytes": pool.numel() * 4,
                  "first_slot_past_line": line,
                  "highest_write_element": (max(meta.write_slots()) + 1) * slot_elements}
     out.checks["error_code"] = code
     out.require(max(meta.write_slots()) * slot_elements >= INT32_LINE,
                 "no destination slot lies past the 2^31-element line")
     check_valid(out, ctx, case, x, meta, pool, before, output, code)
-    out.kernel = _kernel_record(ctx, _caps(ctx, case, meta, x.q.shape[0]))
-    out.samples_ms = _time(ctx, call)
+    out.kernel = kernel_record(ctx, case_caps(ctx, case, meta, x.q.shape[0]))
+    out.samples_ms = time_call(ctx, call)
     del pool, before, call
     return out
 
@@ -385,7 +385,7 @@ def run_mirror(ctx: Context, case: Case) -> Outcome:
     """The chunk mirror (fp32) against the float64 recurrence: outputs, finals, checkpoints."""
     out = Outcome()
     rng = ctx.rng(case)
-    x = _inputs(ctx, case, case.lengths)
+    x = case_inputs(ctx, case, case.lengths)
     offsets = [choose_offsets(n, 4, case.params["offsets"], rng) for n in case.lengths]
     tol = case.options["tolerances"]
     kwargs = {"cu_seqlens": x.cu_seqlens, "initial_state": x.initial_state, **x.gate_kwargs()}
@@ -406,7 +406,7 @@ def run_mirror(ctx: Context, case: Case) -> Outcome:
 def run_contract(ctx: Context, case: Case) -> Outcome:
     """Host-side contracts: plan refuses what it cannot run, bind refuses bad shapes."""
     out = Outcome()
-    kernels = _kernels()
+    kernels = kernels_api()
     variant = case.params["variant"]
     base = kernels.Caps(device=ctx.device, num_heads=2, head_dim=64, max_tokens=32, max_seqs=2,
                         max_state_slots=64, max_checkpoints=2, backend=ctx.backend)
