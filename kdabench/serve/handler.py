@@ -57,6 +57,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
+        if self.close_connection:  # say so, or a keep-alive client reuses a closed socket
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(payload)
 
@@ -137,9 +139,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._complete(request, started)
         except Exception as error:  # noqa: BLE001 (a bug: log it, answer 500 if nothing was sent)
             self.local.log(f"error: {type(error).__name__}: {error}")
+            self.close_connection = True
             if not self._response_started:
                 self._send_json(500, RequestError(500, str(error), kind="server_error").body())
-            self.close_connection = True
 
     def send_response(self, code: int, message: str | None = None) -> None:
         self._response_started = True

@@ -308,6 +308,7 @@ def test_an_internal_failure_answers_500_and_keeps_serving(monkeypatch):
         monkeypatch.setattr(served.server.engine, "prefill_prompt", broken)
         response = served.client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
         assert response.status_code == 500 and "exploded" in response.json()["error"]["message"]
+        assert response.headers["connection"] == "close"  # the client must not reuse the socket
         assert served.lines()[-1] == "kdabench-local: error: RuntimeError: prefill exploded"
         monkeypatch.undo()
         assert complete(served, "hi", max_tokens=1)["usage"]["completion_tokens"] == 1
