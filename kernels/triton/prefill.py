@@ -7,11 +7,16 @@ state S [K, BV] in registers. From stage 1's workspaces (see prepare.py):
     o = scale (qg S + Aqk delta),  qg = q exp(G)
     S <- exp(G_last) S + kd^T delta,  kd = k exp(G_last - G) (stored transposed)
 
+The fused pipeline computes o in the loop. The split one (SPLIT_OUTPUT) keeps only the state
+chain there, storing each chunk's start state (as the dots take it) and delta (over U), and
+kda_output_kernel computes o for every chunk in parallel.
+
 A checkpoint at in-chunk position p < CHUNK is the same update truncated to the chunk's first p
 tokens (from G and k), finished after the loop; one at p == CHUNK is the chunk-end state itself,
-so chunk-aligned checkpoints equal, bit for bit, the final state of a run over the prefix. The chunk mirror in kdabench.oracles spells out the
-same algorithm in plain torch. On a non-zero error code the program only poisons its share
-of the output with NaN and never touches the pool.
+so chunk-aligned checkpoints equal, bit for bit, the final state of a run over the prefix. The
+chunk mirror in kdabench.oracles spells out the same algorithm in plain torch. On a non-zero
+error code the program only poisons its share of the output with NaN and never touches the
+pool.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import load_keys, mma, pool_tile, row_of
+from .common import load_keys, locate_chunk, mma, pool_tile, row_of
 
 
 @triton.jit
@@ -82,10 +87,10 @@ def _finish_checkpoints(k, pool, ws_G, ws_U, ck_off, ck_idx, n, bos, chunk_row0,
 @triton.jit
 def _state_pass(
     k, out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-    ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, scale, num_chunk_slots, n, iv, h,
+    ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, scale, num_chunk_slots, n, iv, h,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, CK: tl.constexpr, QK_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
 ):
     bos = tl.load(cu_seqlens + n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
@@ -103,24 +108,26 @@ def _state_pass(
     ck_slots = tl.load(ck_idx + n * CK + rck).to(tl.int64)
 
     for start in range(0, seqlen, CHUNK):
-        tmask = start + rc < seqlen
-        rows = (bos + start + rc) * H + h
         gl_row = h * num_chunk_slots + first_chunk + start // CHUNK
         ws_rows = gl_row * CHUNK + rc
         W = tl.load(ws_W + ws_rows[:, None] * K + rk[None, :])
-        qg = tl.load(ws_QG + ws_rows[:, None] * K + rk[None, :])
         kd_t = tl.load(ws_KD + gl_row * CHUNK * K + rk[:, None] * CHUNK + rc[None, :])
         U = tl.load(ws_U + ws_rows[:, None] * V + rv[None, :])
-        Aqk = tl.load(ws_Aqk + ws_rows[:, None] * CHUNK + rc[None, :])
         decay = tl.load(ws_GL + gl_row * K + rk)
 
         held = state.to(W.dtype)  # the dots' operand: fp32 (tf32 dots) or bf16
         delta = U - mma(W, held, DOT_PRECISION, UPCAST_DOTS)
         step = delta.to(W.dtype)
-        o = scale * (mma(qg, held, DOT_PRECISION, UPCAST_DOTS)
-                     + mma(Aqk, step, DOT_PRECISION, UPCAST_DOTS))
-        tl.store(out + rows[:, None] * V + rv[None, :], o.to(out.dtype.element_ty),
-                 mask=tmask[:, None])
+        if SPLIT_OUTPUT:
+            tl.store(ws_S + (gl_row * K + rk[:, None]) * V + rv[None, :], held)
+            tl.store(ws_U + ws_rows[:, None] * V + rv[None, :], delta)
+        else:
+            qg = tl.load(ws_QG + ws_rows[:, None] * K + rk[None, :])
+            Aqk = tl.load(ws_Aqk + ws_rows[:, None] * CHUNK + rc[None, :])
+            o = scale * (mma(qg, held, DOT_PRECISION, UPCAST_DOTS)
+                         + mma(Aqk, step, DOT_PRECISION, UPCAST_DOTS))
+            tl.store(out + ((bos + start + rc) * H + h)[:, None] * V + rv[None, :],
+                     o.to(out.dtype.element_ty), mask=(start + rc < seqlen)[:, None])
         new_state = decay[:, None] * state
         new_state += mma(kd_t, step, DOT_PRECISION, UPCAST_DOTS)
 
@@ -144,11 +151,12 @@ def _state_pass(
 @triton.jit
 def kda_state_pass_kernel(
     k, out, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
-    ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, err_ptr,
+    ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, err_ptr,
     scale, token_capacity, meta_capacity, num_chunk_slots,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, CK: tl.constexpr, QK_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr, FILL_ROWS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
+    FILL_ROWS: tl.constexpr,
 ):
     n = tl.program_id(0)
     iv = tl.program_id(1)
@@ -158,6 +166,41 @@ def kda_state_pass_kernel(
     elif n < tl.load(num_seqs_ptr):
         _state_pass(
             k, out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-            ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, scale, num_chunk_slots, n, iv, h,
-            H, K, V, BV, CHUNK, CK, QK_L2NORM, DOT_PRECISION, UPCAST_DOTS,
+            ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, scale, num_chunk_slots, n,
+            iv, h, H, K, V, BV, CHUNK, CK, QK_L2NORM, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT,
         )
+
+
+@triton.jit
+def kda_output_kernel(
+    out, cu_seqlens, num_seqs_ptr, chunk_offsets, ws_QG, ws_Aqk, ws_U, ws_S, err_ptr, scale,
+    num_chunk_slots, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr,
+    SEARCH_BLOCK: tl.constexpr,
+):
+    """The split pipeline's output, one program per (chunk, V block, head): o = scale (qg S +
+    Aqk delta) from the chunk-start state S and delta the state pass stored."""
+    c = tl.program_id(0)
+    iv = tl.program_id(1)
+    h = tl.program_id(2)
+    num_seqs = tl.load(num_seqs_ptr)
+    if tl.load(err_ptr) == 0:
+        n = locate_chunk(chunk_offsets, num_seqs, c, SEARCH_BLOCK)
+        if n < num_seqs:
+            bos = tl.load(cu_seqlens + n).to(tl.int64)
+            seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
+            start = (c - tl.load(chunk_offsets + n)).to(tl.int64) * CHUNK
+            rk = tl.arange(0, K)
+            rv = iv * BV + tl.arange(0, BV)
+            rc = tl.arange(0, CHUNK)
+            gl_row = h * num_chunk_slots + c.to(tl.int64)
+            ws_rows = gl_row * CHUNK + rc
+            qg = tl.load(ws_QG + ws_rows[:, None] * K + rk[None, :])
+            held = tl.load(ws_S + (gl_row * K + rk[:, None]) * V + rv[None, :])
+            Aqk = tl.load(ws_Aqk + ws_rows[:, None] * CHUNK + rc[None, :])
+            step = tl.load(ws_U + ws_rows[:, None] * V + rv[None, :]).to(qg.dtype)
+            o = scale * (mma(qg, held, DOT_PRECISION, UPCAST_DOTS)
+                         + mma(Aqk, step, DOT_PRECISION, UPCAST_DOTS))
+            rows = (bos + start + rc) * H + h
+            tl.store(out + rows[:, None] * V + rv[None, :], o.to(out.dtype.element_ty),
+                     mask=(start + rc < seqlen)[:, None])

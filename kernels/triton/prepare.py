@@ -25,22 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import load_keys, load_log_decay, locate_chunk, row_of
-
-
-@triton.jit
-def unit_lower_inverse(M, SUB: tl.constexpr):
-    """(I + M)^-1 for strictly lower-triangular M [16, 16]: M is nilpotent (M^16 = 0), so
-    (I + M)^-1 = (I - M)(I + M^2)(I + M^4)(I + M^8), six small fp32 products."""
-    tl.static_assert(SUB == 16, "the squaring inverse needs M^16 = 0 and 16-wide dots")
-    rs = tl.arange(0, SUB)
-    eye = tl.where(rs[:, None] == rs[None, :], 1.0, 0.0)
-    M2 = tl.dot(M, M, input_precision="ieee")
-    M4 = tl.dot(M2, M2, input_precision="ieee")
-    M8 = tl.dot(M4, M4, input_precision="ieee")
-    inv = tl.dot(eye - M, eye + M2, input_precision="ieee")
-    inv = tl.dot(inv, eye + M4, input_precision="ieee")
-    return tl.dot(inv, eye + M8, input_precision="ieee")
+from .common import load_keys, load_log_decay, locate_chunk, row_of, unit_lower_inverse
 
 
 @triton.jit
