@@ -30,6 +30,8 @@ from kdabench.bench import (
     ShapesError,
     backend_kernel,
     backend_metrics,
+    breakdown_line,
+    breakdown_record,
     count_bytes,
     count_flops,
     floor,
@@ -38,6 +40,7 @@ from kdabench.bench import (
     policy_metrics,
     relative_error,
     shape_metrics,
+    short_kernel_name,
     summarize,
 )
 from kdabench.bench import cuda as bench_cuda
@@ -77,6 +80,13 @@ def fake_timer(calls, warmup, reps):
     return [calls[i % len(calls)]() * pattern[i % len(pattern)] for i in range(reps)]
 
 
+def fake_profiler(calls, runs):
+    """Two GPU kernels per call, 30% and 70% of the call's nominal time (microseconds)."""
+    us = calls[0]() * 1000
+    return {"void at::native::cast_kernel<4, float>(int)": 0.3 * us,
+            "kda_state_pass_kernel": 0.7 * us}
+
+
 class FakeBackend:
     """Deterministic timings; kdabench's output is fla's plus `output_error` (relative), the
     baseline's and kdabench-cute's are kdabench's plus `baseline_error` and `backend_error`.
@@ -89,6 +99,7 @@ class FakeBackend:
                  baseline_error: float = 0.0, backend_error: float = 0.0,
                  backend_reasons: dict[str, str] | None = None):
         self.timer = fake_timer
+        self.profiler = fake_profiler
         self.fla_reason, self.output_error = fla_reason, output_error
         self.fla_graph, self.fail_prepare, self._unavailable = fla_graph, fail_prepare, unavailable
         self.baseline_error, self.backend_error = baseline_error, backend_error
@@ -885,3 +896,75 @@ def test_cuda_backend_binds_a_further_backend_on_the_same_inputs(tiny):
         assert not prepared.check()
     finally:
         prepared.release()
+
+
+# --------------------------------------------------------------------------- breakdown
+
+
+def test_each_kernel_of_each_shape_gets_its_breakdown(tmp_path, tiny):
+    result = run_fake(tmp_path, tiny, breakdown=5, plot=False)
+    assert result.ok and verify_file(result.receipt_path).ok
+    assert result.receipt["config"]["breakdown_calls"] == 5
+    assert "breakdown" in result.receipt["config"]["definitions"]
+    case = result.cases[0]
+    assert set(case["breakdown"]) == {FLA, KDABENCH, KDABENCH_C1}
+    found = case["breakdown"][KDABENCH]
+    nominal_us = 0.20 * 64 / 1024 * 1000  # the fake's eager kdabench call at 64 x 1
+    assert found["calls"] == 5
+    assert found["gpu_us"] == pytest.approx(nominal_us, abs=1e-3)
+    assert list(found["kernels_us"]) == ["kda_state_pass_kernel",
+                                         "void at::native::cast_kernel<4, float>(int)"]
+    assert found["kernels_us"]["kda_state_pass_kernel"] == pytest.approx(0.7 * nominal_us,
+                                                                          abs=1e-3)
+    shapes = result.to_dict()["shapes"]
+    assert shapes[0]["breakdown"][KDABENCH] == found
+
+
+def test_no_breakdown_by_default(tmp_path, tiny):
+    result = run_fake(tmp_path, tiny, plot=False)
+    assert result.receipt["config"]["breakdown_calls"] == 0
+    assert all("breakdown" not in case for case in result.cases)
+
+
+def test_a_breakdown_needs_a_profiler_and_a_count(tiny):
+    backend = FakeBackend()
+    backend.profiler = None
+    with pytest.raises(BenchError, match="--breakdown needs a backend with a kernel profiler"):
+        Bench(tiny, backend=backend, breakdown=3)
+    with pytest.raises(BenchError, match="--breakdown must be >= 0"):
+        Bench(tiny, backend=FakeBackend(), breakdown=-1)
+
+
+def test_record_orders_kernels_and_sums_them():
+    record = breakdown_record({"small": 1.0, "large": 3.0004, "middle": 2.0}, 10)
+    assert record == {"calls": 10, "gpu_us": 6.0,
+                      "kernels_us": {"large": 3.0, "middle": 2.0, "small": 1.0}}
+
+
+@pytest.mark.parametrize("name, short", [
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::Cast>(int, float*)",
+     "vectorized_elementwise_kernel"),
+    ("kda_chunk_prepare_kernel", "kda_chunk_prepare_kernel"),
+    ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
+     "chunk_gated_delta_rule_fwd_kernel_h_blockdim64"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop>(Params)", "Kernel2"),
+])
+def test_short_kernel_names(name, short):
+    assert short_kernel_name(name) == short
+
+
+def test_line_names_the_largest_kernels_and_sums_the_rest():
+    record = breakdown_record({f"k{i}": float(10 - i) for i in range(8)}, 3)
+    assert breakdown_line(record, shown=2) == "52 us: k0 10, k1 9, 6 more 33"
+
+
+@pytest.mark.gpu
+def test_cuda_profiler_names_the_gpu_kernels_of_a_call():
+    from kdabench.bench import cuda_kernel_profiler
+
+    a = torch.randn(512, 512, device="cuda")
+    found = cuda_kernel_profiler([lambda: a @ a, lambda: a + a], 4)
+    assert len(found) >= 2 and all(us > 0 for us in found.values())  # a matmul, an add
+    assert any("elementwise" in name for name in found)
+    with pytest.raises(ValueError, match="nothing to profile"):
+        cuda_kernel_profiler([], 4)

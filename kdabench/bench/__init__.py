@@ -3,9 +3,10 @@ chunk_kda, per shape and mode, with the floor measured in the same run, written 
 receipt and plots.
 
 Modules: `shapes` (the shapes file), `work` (bytes, FLOPs, floor), `timing` (the injectable
-timer, graph capture), `backend` (what a device provides), `cuda` (the real one), `summary`
-(per-shape metrics and the summary over the shapes), `run` (the runner and receipt), `plots`
-(PNGs beside the receipt).
+timer, graph capture), `breakdown` (the injectable kernel profiler: GPU time per kernel),
+`backend` (what a device provides), `cuda` (the real one), `summary` (per-shape metrics and
+the summary over the shapes), `run` (the runner and receipt), `plots` (PNGs beside the
+receipt).
 """
 
 from kdabench.bench.backend import (
@@ -20,6 +21,13 @@ from kdabench.bench.backend import (
     Outputs,
     Prepared,
     backend_kernel,
+)
+from kdabench.bench.breakdown import (
+    Profiler,
+    breakdown_line,
+    breakdown_record,
+    cuda_kernel_profiler,
+    short_kernel_name,
 )
 from kdabench.bench.run import (
     AGAINST,
@@ -37,8 +45,9 @@ from kdabench.bench.work import Ceilings, count_bytes, count_flops, floor
 __all__ = [
     "AGAINST", "DEFAULT_BACKENDS", "FLA", "KDABENCH", "KDABENCH_BASELINE", "KDABENCH_C1",
     "MODES", "SANITY_TOLERANCE", "Backend", "Bench", "BenchError", "BenchResult", "BenchShape",
-    "Ceilings", "KernelCalls", "Outputs", "Prepared", "ShapeSet", "ShapesError", "Timer",
-    "backend_kernel", "backend_metrics", "capture_graph", "count_bytes", "count_flops",
-    "cuda_event_timer", "floor", "load_shapes", "parse_shapes", "policy_metrics",
-    "relative_error", "shape_metrics", "summarize",
+    "Ceilings", "KernelCalls", "Outputs", "Prepared", "Profiler", "ShapeSet", "ShapesError",
+    "Timer", "backend_kernel", "backend_metrics", "breakdown_line", "breakdown_record",
+    "capture_graph", "count_bytes", "count_flops", "cuda_event_timer", "cuda_kernel_profiler",
+    "floor", "load_shapes", "parse_shapes", "policy_metrics", "relative_error",
+    "shape_metrics", "short_kernel_name", "summarize",
 ]

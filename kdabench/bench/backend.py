@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kdabench.bench.breakdown import Profiler
 from kdabench.bench.shapes import BenchShape, ShapeSet
 from kdabench.bench.timing import Timer
 from kdabench.bench.work import Ceilings
@@ -68,6 +69,7 @@ class Prepared:
 
 class Backend(Protocol):
     timer: Timer
+    profiler: Profiler | None  # None: no --breakdown here
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run here (None when it can)."""

@@ -50,6 +50,7 @@ from kdabench.bench.backend import (
     Prepared,
     backend_kernel,
 )
+from kdabench.bench.breakdown import cuda_kernel_profiler
 from kdabench.bench.shapes import BenchShape, ShapeSet
 from kdabench.bench.timing import capture_graph, cuda_event_timer
 from kdabench.bench.work import CHECKPOINTS, Ceilings, count_bytes
@@ -214,6 +215,7 @@ class CudaBackend:
 
     def __init__(self) -> None:
         self.timer = cuda_event_timer
+        self.profiler = cuda_kernel_profiler
         self._fla: Callable | None = None
         self._fla_reason: str | None = None
         self._fla_checked = False

@@ -38,7 +38,9 @@ Receipt (kind "bench"): one case per shape with the fields :mod:`kdabench.report
 {kernel: {median_ms, samples_ms}}; primary is graph when measured, else eager) plus
 ``modes`` = {mode: {kernel: {median_ms, samples_ms, tokens_per_s, to_floor}}},
 ``ratio_fla_over_kdabench``, ``export_overhead`` = {mode: value}, ``floor``, ``sanity``,
-``graph_notes``, ``input_sets``, ``kernel_configs`` = {kernel: {kernel_config,
+``graph_notes``, ``input_sets``, with ``breakdown_calls`` > 0 ``breakdown`` = {kernel:
+{calls, gpu_us, kernels_us}} (kdabench.bench.breakdown: where each kernel's GPU time goes),
+``kernel_configs`` = {kernel: {kernel_config,
 config_source, policy_mode}} (what each kdabench plan resolved; a cute plan's source says
 whether its kernels came from an ahead-of-time build or a JIT compile), with a baseline,
 ``policy_gain`` = {mode: value} and ``same_config``, and with further backends,
@@ -71,6 +73,7 @@ from kdabench.bench.backend import (
     Backend,
     backend_kernel,
 )
+from kdabench.bench.breakdown import breakdown_record
 from kdabench.bench.shapes import BenchShape, ShapeSet
 from kdabench.bench.summary import (
     backend_metrics,
@@ -151,7 +154,7 @@ class BenchResult:
                         "policy_gain": c.get("policy_gain"),
                         "same_config": c.get("same_config"),
                         "backend_ratios": c.get("backend_ratios"),
-                        "floor_ms": c.get("floor_ms"),
+                        "floor_ms": c.get("floor_ms"), "breakdown": c.get("breakdown"),
                         "config_sources": {k: v.get("config_source") for k, v in
                                            (c.get("kernel_configs") or {}).items()},
                         "sanity": c.get("sanity")} for c in self.cases],
@@ -168,7 +171,7 @@ class Bench:
                  plot: bool = True, command_line: Sequence[str] | None = None,
                  created_at: str | None = None, policy_mode: str | None = None,
                  baseline_policy: str | None = None,
-                 backends: Sequence[str] = DEFAULT_BACKENDS) -> None:
+                 backends: Sequence[str] = DEFAULT_BACKENDS, breakdown: int = 0) -> None:
         if against not in AGAINST:
             raise BenchError(f"--against must be one of {', '.join(AGAINST)}, got {against!r}")
         modes = list(dict.fromkeys(modes))
@@ -178,6 +181,8 @@ class Bench:
                              f"{','.join(modes) or 'nothing'}")
         if reps < 1 or warmup < 0:
             raise BenchError(f"--reps must be >= 1 (got {reps}) and warmup >= 0 (got {warmup})")
+        if breakdown < 0:
+            raise BenchError(f"--breakdown must be >= 0 calls (0: none), got {breakdown}")
         self.policy_mode = _policy_mode(policy_mode)
         self.baseline_policy = _baseline_policy(baseline_policy, self.policy_mode)
         self.backends = _backends(backends)
@@ -188,6 +193,9 @@ class Bench:
         reason = backend.unavailable()
         if reason:
             raise BenchError(reason)
+        if breakdown and getattr(backend, "profiler", None) is None:
+            raise BenchError("--breakdown needs a backend with a kernel profiler; this one "
+                             "has none")
         for name in self.backends:  # fail here, not at the first shape
             reason = backend.backend_unavailable(name, shapes)
             if reason:
@@ -195,6 +203,7 @@ class Bench:
         self.shapes, self.backend, self.against = shapes, backend, against
         self.modes = [m for m in MODES if m in modes]
         self.reps, self.warmup, self.plot = reps, warmup, plot
+        self.breakdown = breakdown
         self.fla_skipped = backend.fla_unavailable() if against == "fla" else None
         self.kernels = [KDABENCH, KDABENCH_C1]
         if self.baseline_policy is not None:
@@ -217,7 +226,8 @@ class Bench:
             "shapes_sha256": self.shapes.sha256, "shapes": self.shapes.document,
             "against": self.against, "fla_skipped": self.fla_skipped,
             "kernels": self.kernels, "modes": self.modes, "primary_mode": self.primary_mode,
-            "reps": self.reps, "warmup": self.warmup, "policy_mode": self.policy_mode,
+            "reps": self.reps, "warmup": self.warmup, "breakdown_calls": self.breakdown,
+            "policy_mode": self.policy_mode,
             "baseline_policy": self.baseline_policy, "backends": self.backends,
             "backend_kernels": {self.backends[0]: KDABENCH, **self.backend_kernels},
             "ceilings": ceilings.to_dict(), "bytes_formula": BYTES_FORMULA,
@@ -240,6 +250,9 @@ class Bench:
                                    "median, same mode"),
                 "backend_output": ("relative Frobenius error of each kdabench-<backend>'s "
                                    "output against kdabench's"),
+                "breakdown": ("per kernel, after its timed samples: breakdown_calls eager "
+                              "calls under torch.profiler; gpu_us = the GPU time per call, "
+                              "kernels_us = each GPU kernel's mean microseconds per call"),
             },
         }
 
@@ -311,6 +324,11 @@ class Bench:
                                                                     self.reps)]
                     modes[mode][kernel] = {"median_ms": median_or_none(samples),
                                            "samples_ms": samples}
+            if self.breakdown:
+                record["breakdown"] = {
+                    kernel: breakdown_record(self.backend.profiler(calls.eager, self.breakdown),
+                                             self.breakdown)
+                    for kernel, calls in prepared.calls.items()}
             problems += prepared.check()
             record["modes"] = modes
             record["graph_notes"] = graph_notes

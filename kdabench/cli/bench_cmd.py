@@ -43,6 +43,11 @@ def _names(text: str) -> list[str]:
 @click.option("--reps", type=int, default=100, show_default=True,
               help="Timed samples per kernel, mode and shape (the median is reported; every "
               "sample is kept in the receipt).")
+@click.option("--breakdown", type=click.IntRange(min=0), default=0, show_default=True,
+              metavar="CALLS",
+              help="After each shape's timing, run CALLS eager calls of every kernel under "
+              "torch.profiler and record where its GPU time goes: each GPU kernel it launched, "
+              "with its mean microseconds per call (0: no breakdown; 10 is plenty).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Folder for the receipt and plots (default: the repository's results/, or "
               "$KDABENCH_RESULTS).")
@@ -58,8 +63,8 @@ def _names(text: str) -> list[str]:
               "policy mode, on the same inputs, and report the policy gain per shape: its time "
               "/ kdabench's (above 1: --policy-mode's configs are faster).")
 def bench(shapes_path: Path | None, against: str, modes_text: str, backends_text: str,
-          reps: int, out_dir: Path | None, as_json: bool, plot: bool, policy_mode: str | None,
-          baseline_policy: str | None) -> None:
+          reps: int, breakdown: int, out_dir: Path | None, as_json: bool, plot: bool,
+          policy_mode: str | None, baseline_policy: str | None) -> None:
     """Time kdabench against fla's chunk_kda per shape and write a receipt (kind "bench").
 
     Per shape, on the same inputs in one process: fla (its final state), kdabench with
@@ -75,7 +80,8 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, backends_text
     --baseline-policy HEURISTIC_ONLY (with the default --policy-mode AUTO).
     To time the Triton and the CuTe backends beside fla in one run: --backends triton,cute
     (the cute column's config source says whether its kernels came from an ahead-of-time
-    build or a JIT compile).
+    build or a JIT compile). To see where each kernel's GPU time goes, kernel by kernel:
+    --breakdown 10.
 
     Exit 0 when it ran (speed targets are reported, not asserted); 1 when a sanity check
     fails or a shape errors; 2 for bad input (a shapes file that does not load, bad
@@ -88,7 +94,8 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, backends_text
         shapes = load_shapes(shapes_path)
         run = Bench(shapes, against=against, modes=_names(modes_text), reps=reps,
                     out_dir=out_dir, plot=plot, policy_mode=policy_mode,
-                    baseline_policy=baseline_policy, backends=_names(backends_text))
+                    baseline_policy=baseline_policy, backends=_names(backends_text),
+                    breakdown=breakdown)
     if run.fla_skipped:
         print_error(f"fla comparison skipped: {run.fla_skipped}", style="bold yellow")
     result = _run_with_progress(console, run)
@@ -244,6 +251,8 @@ def _render(console: Console, result) -> None:
         console.print(_config_sources(result, f"baseline {baseline}", ("kdabench-baseline",)))
     for name, kernel in further.items():
         console.print(_config_sources(result, f"backend {name}", (kernel,)))
+    if config.get("breakdown_calls"):
+        _render_breakdown(console, result)
     for case in result.cases:
         if case.get("message"):
             console.print(f"[yellow]{escape(case['id'])}[/yellow]: {escape(case['message'])}")
@@ -251,3 +260,15 @@ def _render(console: Console, result) -> None:
                   f"{result.receipt['sha256'][:16]}…")
     for path in result.plots:
         console.print(f"plot {escape(str(path))}")
+
+
+def _render_breakdown(console: Console, result) -> None:
+    """Per shape and kernel, one line: GPU time per call and its largest GPU kernels."""
+    from kdabench.bench import breakdown_line
+
+    calls = result.receipt["config"]["breakdown_calls"]
+    console.print(f"where the GPU time goes (microseconds per call, mean of {calls} eager calls "
+                  "under torch.profiler):")
+    for case in result.cases:
+        for kernel, record in (case.get("breakdown") or {}).items():
+            console.print(f"  {escape(case['shape'])} {kernel}: {escape(breakdown_line(record))}")

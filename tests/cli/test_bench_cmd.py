@@ -226,3 +226,19 @@ def test_a_backend_that_cannot_run_exits_2_before_any_shape(monkeypatch, tmp_pat
                     "triton,cute")
     assert_one_line_error(result, 2, f"--backends cute: {reason}")
     assert not list(tmp_path.glob("bench-*.json"))
+
+
+def test_breakdown_option(monkeypatch, tmp_path, shapes_file):
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
+                    "--breakdown", "4")
+    assert result.exit_code == 0, result.output
+    assert "where the GPU time goes (microseconds per call, mean of 4 eager calls" in \
+        result.stdout
+    assert "64x1x(2x32) kdabench: 12 us: kda_state_pass_kernel 9, cast_kernel 4" in \
+        result.stdout
+    found = json.loads(invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
+                              "--breakdown", "2", "--json").stdout)
+    assert found["shapes"][0]["breakdown"]["kdabench"]["calls"] == 2
+    refused = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--breakdown", "-1")
+    assert refused.exit_code == 2 and "--breakdown" in refused.output
