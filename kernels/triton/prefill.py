@@ -43,10 +43,11 @@ def _fill_nan(out, n, iv, h, token_capacity, meta_capacity,
 @triton.jit
 def _stage_checkpoints(pool, ws_U, state, new_state, delta, ck_off, ck_idx, n, ws_rows, start, h,
                        rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       CHUNK: tl.constexpr, CK: tl.constexpr):
+                       CHUNK: tl.constexpr, CK: tl.constexpr, DELTA_STORED: tl.constexpr):
     """In the loop, for each checkpoint in this chunk: at the chunk's end, write the state; inside
-    it, write the chunk-start state to its slot and the chunk's delta over U (read by no one
-    else), for _finish_checkpoints. Rolled and light: heavy work here spills the loop."""
+    it, write the chunk-start state to its slot and (unless the split pass stored it already)
+    the chunk's delta over U (read by no one else), for _finish_checkpoints. Rolled and light:
+    heavy work here spills the loop."""
     for c in range(CK):
         offset = tl.load(ck_off + n * CK + c).to(tl.int64)
         slot = tl.load(ck_idx + n * CK + c).to(tl.int64)
@@ -55,7 +56,8 @@ def _stage_checkpoints(pool, ws_U, state, new_state, delta, ck_off, ck_idx, n, w
                 tl.store(pool_tile(pool, slot, h, rk, rv, H, K, V), new_state)
             else:
                 tl.store(pool_tile(pool, slot, h, rk, rv, H, K, V), state)
-                tl.store(ws_U + ws_rows[:, None] * V + rv[None, :], delta)
+                if not DELTA_STORED:
+                    tl.store(ws_U + ws_rows[:, None] * V + rv[None, :], delta)
 
 
 @triton.jit
@@ -134,7 +136,7 @@ def _state_pass(
         hits = (ck_slots >= 0) & (ck_offsets > start) & (ck_offsets <= start + CHUNK)
         if tl.sum(hits.to(tl.int32), axis=0) > 0:
             _stage_checkpoints(pool, ws_U, state, new_state, delta, ck_off, ck_idx, n, ws_rows,
-                               start, h, rk, rv, H, K, V, CHUNK, CK)
+                               start, h, rk, rv, H, K, V, CHUNK, CK, SPLIT_OUTPUT)
         state = new_state
 
     tl.debug_barrier()
