@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .prefill import kda_output_kernel, kda_state_pass_kernel
+from .prefill import kda_checkpoint_kernel, kda_output_kernel, kda_state_pass_kernel
 from .prepare import kda_chunk_prepare_kernel
 from .prepare_blocks import kda_chunk_blocks_kernel, kda_chunk_decay_kernel, kda_chunk_solve_kernel
 from .validate import kda_validate_kernel
@@ -18,6 +18,7 @@ SUB_CHUNK = 16
 KEY_SLICE = 32  # split stage 1: key columns per product step of the blocks kernel
 SOLVE_COLUMNS = 64  # split stage 1: W or U columns per solve program
 OUTPUT_BLOCK_V = 64  # split output: V columns per output program
+CHECKPOINT_BLOCK_V = 32  # V columns per checkpoint program
 KERNEL_WORKSPACES = ("ws_G", "ws_QG", "ws_KD", "ws_GL", "ws_W", "ws_U", "ws_Aqk")  # argument order
 
 
@@ -91,8 +92,8 @@ def validate(binding) -> None:
 
 def prefill(binding) -> None:
     """Launch stage 1 (per chunk and head; the split pipeline per sub-block and column block
-    too), stage 2 (per sequence, V block and head) and, split, the output (per chunk, V block
-    and head)."""
+    too), stage 2 (per sequence, V block and head), the interior checkpoints (per checkpoint,
+    V block and head) and, split, the output (per chunk, V block and head)."""
     plan = binding.plan
     caps, config, ws = plan.caps, plan.config, plan.workspaces
     H, K = caps.num_heads, caps.head_dim
@@ -114,15 +115,24 @@ def prefill(binding) -> None:
             num_warps=config.prepare_warps,
         )
     kda_state_pass_kernel[(meta_capacity, triton.cdiv(K, config.block_v), H)](
-        binding.k, binding.out, binding.state_pool, binding.cu_seqlens,
+        binding.out, binding.state_pool, binding.cu_seqlens,
         binding.num_seqs, ws["chunk_offsets"], binding.initial_state_indices,
         binding.final_state_indices, binding.checkpoint_offsets,
         binding.checkpoint_state_indices, *workspaces, ws["ws_S"] if split else ws["ws_U"],
         plan.error_code, binding.scale, binding.out.shape[0], meta_capacity, stride_slots,
         H=H, K=K, V=K, BV=config.block_v, CHUNK=config.chunk_size, CK=caps.max_checkpoints,
-        QK_L2NORM=caps.qk_l2norm, DOT_PRECISION=config.dot_precision,
-        UPCAST_DOTS=interpreted(), SPLIT_OUTPUT=split, FILL_ROWS=FILL_ROWS,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(), SPLIT_OUTPUT=split,
+        FILL_ROWS=FILL_ROWS, num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    checkpoint_block_v = min(K, CHECKPOINT_BLOCK_V)
+    kda_checkpoint_kernel[(meta_capacity * caps.max_checkpoints, K // checkpoint_block_v, H)](
+        binding.k, binding.state_pool, binding.cu_seqlens, binding.num_seqs, ws["chunk_offsets"],
+        binding.checkpoint_offsets, binding.checkpoint_state_indices, ws["ws_G"], ws["ws_U"],
+        plan.error_code, stride_slots, H=H, K=K, V=K, BV=checkpoint_block_v,
+        CHUNK=config.chunk_size, CK=caps.max_checkpoints,
+        OPERAND_BF16=config.operand_dtype == "bfloat16", QK_L2NORM=caps.qk_l2norm,
+        DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(),
+        num_warps=config.prepare_warps,
     )
     if split:
         block_v = min(K, OUTPUT_BLOCK_V)
