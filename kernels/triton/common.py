@@ -68,6 +68,21 @@ def locate_chunk(chunk_offsets, num_seqs, c, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c, CHUNK: tl.constexpr,
+              SEARCH_BLOCK: tl.constexpr):
+    """(live, bos, start, seqlen) of global chunk c: its sequence's first token, the chunk's
+    first position in it, the sequence's length; live is false past the batch or on error."""
+    num_seqs = tl.load(num_seqs_ptr)
+    n = locate_chunk(chunk_offsets, num_seqs, c, SEARCH_BLOCK)
+    live = (tl.load(err_ptr) == 0) & (n < num_seqs)
+    n = tl.maximum(tl.minimum(n, num_seqs - 1), 0)
+    bos = tl.load(cu_seqlens + n).to(tl.int64)
+    seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
+    start = (c - tl.load(chunk_offsets + n)).to(tl.int64) * CHUNK
+    return live, bos, start, seqlen
+
+
+@triton.jit
 def unit_lower_inverse(M, SUB: tl.constexpr):
     """(I + M)^-1 for strictly lower-triangular M [16, 16]: M is nilpotent (M^16 = 0), so
     (I + M)^-1 = (I - M)(I + M^2)(I + M^4)(I + M^8), six small fp32 products."""

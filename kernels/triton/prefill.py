@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import load_keys, locate_chunk, mma, pool_tile, row_of
+from .common import chunk_of, load_keys, mma, pool_tile, row_of
 
 
 @triton.jit
@@ -177,27 +177,23 @@ def kda_output_kernel(
     c = tl.program_id(0)
     iv = tl.program_id(1)
     h = tl.program_id(2)
-    num_seqs = tl.load(num_seqs_ptr)
-    if tl.load(err_ptr) == 0:
-        n = locate_chunk(chunk_offsets, num_seqs, c, SEARCH_BLOCK)
-        if n < num_seqs:
-            bos = tl.load(cu_seqlens + n).to(tl.int64)
-            seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
-            start = (c - tl.load(chunk_offsets + n)).to(tl.int64) * CHUNK
-            rk = tl.arange(0, K)
-            rv = iv * BV + tl.arange(0, BV)
-            rc = tl.arange(0, CHUNK)
-            gl_row = h * num_chunk_slots + c.to(tl.int64)
-            ws_rows = gl_row * CHUNK + rc
-            qg = tl.load(ws_QG + ws_rows[:, None] * K + rk[None, :])
-            held = tl.load(ws_S + (gl_row * K + rk[:, None]) * V + rv[None, :])
-            Aqk = tl.load(ws_Aqk + ws_rows[:, None] * CHUNK + rc[None, :])
-            step = tl.load(ws_U + ws_rows[:, None] * V + rv[None, :]).to(qg.dtype)
-            o = scale * (mma(qg, held, DOT_PRECISION, UPCAST_DOTS)
-                         + mma(Aqk, step, DOT_PRECISION, UPCAST_DOTS))
-            rows = (bos + start + rc) * H + h
-            tl.store(out + rows[:, None] * V + rv[None, :], o.to(out.dtype.element_ty),
-                     mask=(start + rc < seqlen)[:, None])
+    live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
+                                        CHUNK, SEARCH_BLOCK)
+    if live:
+        rk = tl.arange(0, K)
+        rv = iv * BV + tl.arange(0, BV)
+        rc = tl.arange(0, CHUNK)
+        gl_row = h * num_chunk_slots + c.to(tl.int64)
+        ws_rows = gl_row * CHUNK + rc
+        qg = tl.load(ws_QG + ws_rows[:, None] * K + rk[None, :])
+        held = tl.load(ws_S + (gl_row * K + rk[:, None]) * V + rv[None, :])
+        Aqk = tl.load(ws_Aqk + ws_rows[:, None] * CHUNK + rc[None, :])
+        step = tl.load(ws_U + ws_rows[:, None] * V + rv[None, :]).to(qg.dtype)
+        o = scale * (mma(qg, held, DOT_PRECISION, UPCAST_DOTS)
+                     + mma(Aqk, step, DOT_PRECISION, UPCAST_DOTS))
+        rows = (bos + start + rc) * H + h
+        tl.store(out + rows[:, None] * V + rv[None, :], o.to(out.dtype.element_ty),
+                 mask=(start + rc < seqlen)[:, None])
 
 
 @triton.jit

@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import load_keys, load_log_decay, locate_chunk, row_of, unit_lower_inverse
+from .common import chunk_of, load_keys, load_log_decay, row_of, unit_lower_inverse
 
 
 @triton.jit
@@ -121,21 +121,17 @@ def kda_chunk_prepare_kernel(
 ):
     c = tl.program_id(0)
     h = tl.program_id(1)
-    num_seqs = tl.load(num_seqs_ptr)
-    if tl.load(err_ptr) == 0:
-        n = locate_chunk(chunk_offsets, num_seqs, c, SEARCH_BLOCK)
-        if n < num_seqs:
-            bos = tl.load(cu_seqlens + n).to(tl.int64)
-            seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
-            start = (c - tl.load(chunk_offsets + n)).to(tl.int64) * CHUNK
-            gl_row = h * num_chunk_slots + c.to(tl.int64)
-            chunk_row0 = gl_row * CHUNK
-            G_last = _cumulative_decay(g, a_log, dt_bias, ws_G, ws_GL, bos, start, seqlen,
-                                       chunk_row0, gl_row, h, lower_bound, H, K, CHUNK, SUB,
-                                       GATE)
+    live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
+                                        CHUNK, SEARCH_BLOCK)
+    if live:
+        gl_row = h * num_chunk_slots + c.to(tl.int64)
+        chunk_row0 = gl_row * CHUNK
+        G_last = _cumulative_decay(g, a_log, dt_bias, ws_G, ws_GL, bos, start, seqlen,
+                                   chunk_row0, gl_row, h, lower_bound, H, K, CHUNK, SUB,
+                                   GATE)
+        tl.debug_barrier()
+        for I in range(CHUNK // SUB):
+            _sub_block(q, k, v, beta, ws_G, ws_QG, ws_KD, ws_W, ws_U, ws_Aqk, G_last, bos,
+                       start, seqlen, chunk_row0, h, I, H, K, V, CHUNK, SUB, QK_L2NORM,
+                       BETA_SIGMOID, DOT_PRECISION)
             tl.debug_barrier()
-            for I in range(CHUNK // SUB):
-                _sub_block(q, k, v, beta, ws_G, ws_QG, ws_KD, ws_W, ws_U, ws_Aqk, G_last, bos,
-                           start, seqlen, chunk_row0, h, I, H, K, V, CHUNK, SUB, QK_L2NORM,
-                           BETA_SIGMOID, DOT_PRECISION)
-                tl.debug_barrier()

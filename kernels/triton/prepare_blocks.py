@@ -19,21 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import load_keys, load_log_decay, locate_chunk, row_of, unit_lower_inverse
-
-
-@triton.jit
-def _chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c, CHUNK: tl.constexpr,
-              SEARCH_BLOCK: tl.constexpr):
-    """(live, bos, start, seqlen) of global chunk c; live is false past the batch or on error."""
-    num_seqs = tl.load(num_seqs_ptr)
-    n = locate_chunk(chunk_offsets, num_seqs, c, SEARCH_BLOCK)
-    live = (tl.load(err_ptr) == 0) & (n < num_seqs)
-    n = tl.maximum(tl.minimum(n, num_seqs - 1), 0)
-    bos = tl.load(cu_seqlens + n).to(tl.int64)
-    seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
-    start = (c - tl.load(chunk_offsets + n)).to(tl.int64) * CHUNK
-    return live, bos, start, seqlen
+from .common import chunk_of, load_keys, load_log_decay, row_of, unit_lower_inverse
 
 
 @triton.jit
@@ -45,7 +31,7 @@ def kda_chunk_decay_kernel(
     """G, the in-chunk cumulative log decay, and exp(G_last), per (chunk, head)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
-    live, bos, start, seqlen = _chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
+    live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
                                          CHUNK, SEARCH_BLOCK)
     if live:
         rc = tl.arange(0, CHUNK)
@@ -85,7 +71,7 @@ def kda_chunk_blocks_kernel(
     c = tl.program_id(0)
     h = tl.program_id(1)
     I = tl.program_id(2)
-    live, bos, start, seqlen = _chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
+    live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
                                          CHUNK, SEARCH_BLOCK)
     if live:
         rs = tl.arange(0, SUB)
@@ -242,7 +228,7 @@ def kda_chunk_solve_kernel(
     c = tl.program_id(0)
     h = tl.program_id(1)
     part = tl.program_id(2)
-    live, bos, start, seqlen = _chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
+    live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
                                          CHUNK, SEARCH_BLOCK)
     if live:
         chunk_row0 = (h * num_chunk_slots + c.to(tl.int64)) * CHUNK
