@@ -36,6 +36,7 @@ from kdabench.bench import (
     count_flops,
     floor,
     load_shapes,
+    merge_bench_receipts,
     parse_shapes,
     policy_metrics,
     relative_error,
@@ -46,7 +47,14 @@ from kdabench.bench import (
 from kdabench.bench import cuda as bench_cuda
 from kdabench.compare import compare_paths
 from kdabench.kernel_records import plan_record
-from kdabench.receipts import load_receipt, verify_file
+from kdabench.receipts import (
+    ReceiptError,
+    load_receipt,
+    sanitize,
+    seal,
+    verify_file,
+    verify_receipt,
+)
 from kdabench.report import bench_points, build_report
 
 TINY_SHAPES = """
@@ -188,7 +196,8 @@ def tiny() -> object:
 
 def run_fake(tmp_path: Path, shapes, **options):
     backend = options.pop("backend", None) or FakeBackend()
-    bench = Bench(shapes, backend=backend, out_dir=tmp_path, reps=11, warmup=1,
+    options = {"reps": 11, "warmup": 1, **options}
+    bench = Bench(shapes, backend=backend, out_dir=tmp_path,
                   command_line=["kdabench", "bench"], created_at="2026-12-02T12:00:00Z",
                   **options)
     return bench.run()
@@ -968,3 +977,114 @@ def test_cuda_profiler_names_the_gpu_kernels_of_a_call():
     assert any("elementwise" in name for name in found)
     with pytest.raises(ValueError, match="nothing to profile"):
         cuda_kernel_profiler([], 4)
+
+
+# --------------------------------------------------------------------------- shards and merging
+
+THREE_SHAPES = TINY_SHAPES + """
+[[shape]]
+tokens = 256
+heads = 1
+"""
+
+
+class SlowCopyBackend(FakeBackend):
+    """The fake with a copy bandwidth of its own, as a second shard's run would measure."""
+
+    def ceilings(self):
+        return Ceilings(3.0e12, 6.0e14, {"copy": {"samples_ms": [1.3]}})
+
+
+@pytest.fixture
+def three() -> object:
+    return parse_shapes(THREE_SHAPES, origin="three.toml")
+
+
+def without_wall_time(cases):
+    return [{k: v for k, v in case.items() if k != "wall_s"} for case in cases]
+
+
+def test_a_shard_runs_its_shapes_with_their_positions(tmp_path, three):
+    first = run_fake(tmp_path, three, shard=(1, 2), plot=False)
+    second = run_fake(tmp_path, three, shard=(2, 2), plot=False)
+    assert [(c["index"], c["shape"]) for c in first.cases] == [(0, "64x1x(2x32)"),
+                                                                (2, "256x1x1")]
+    assert [(c["index"], c["shape"]) for c in second.cases] == [(1, "128x2x1")]
+    assert first.receipt["config"]["shard"] == "1/2"
+    assert second.receipt["config"]["bench_summary"]["shapes"] == 1
+    assert first.receipt_path.name.endswith("-shard1of2.json")
+    whole = run_fake(tmp_path, three, plot=False)
+    assert [c["index"] for c in whole.cases] == [0, 1, 2]
+    assert "shard" not in whole.receipt["config"]
+
+
+@pytest.mark.parametrize("shard, fragment", [
+    ((0, 2), "I must lie in 1..N"), ((3, 2), "I must lie in 1..N"),
+    ((3, 3), "selects no shape: the shapes file has 2"),
+], ids=["zero", "past-n", "empty"])
+def test_bad_shards_are_refused(tiny, shard, fragment):
+    with pytest.raises(BenchError, match=fragment):
+        Bench(tiny, backend=FakeBackend(), shard=shard)
+
+
+def test_merged_shards_equal_one_unsharded_run(tmp_path, three):
+    options = {"plot": False, "backends": ["triton", "cute"], "policy_mode": "AUTO",
+               "baseline_policy": "HEURISTIC_ONLY"}
+    whole = run_fake(tmp_path, three, **options).receipt
+    first = run_fake(tmp_path, three, shard=(1, 2), **options).receipt
+    second = run_fake(tmp_path, three, shard=(2, 2), **options).receipt
+    merged = merge_bench_receipts([second, first], labels=["s2", "s1"],
+                                  command_line=["kdabench", "merge"])
+    assert merged["status"] == "complete" and merged["kind"] == "bench"
+    assert verify_receipt(merged, current_sources=merged["sources"]).ok
+    assert [c["index"] for c in merged["cases"]] == [0, 1, 2]
+    assert without_wall_time(merged["cases"]) == without_wall_time(whole["cases"])
+    assert merged["config"]["bench_summary"] == whole["config"]["bench_summary"]
+    assert merged["config"]["bench_summary"]["per_mode"]["graph"]["backends"][CUTE]
+    assert merged["summary"] == whole["summary"] and "shard" not in merged["config"]
+
+
+def test_merge_keeps_each_shards_ceilings_and_summarizes_all_shapes(tmp_path, three):
+    first = run_fake(tmp_path, three, shard=(1, 2), plot=False).receipt
+    second = run_fake(tmp_path, three, shard=(2, 2), plot=False,
+                      backend=SlowCopyBackend()).receipt
+    merged = merge_bench_receipts([first, second])
+    config = merged["config"]
+    entries = config["merged_from"]
+    assert [e["shard"] for e in entries] == ["1/2", "2/2"]
+    assert [e["config"]["ceilings"]["copy_bytes_per_s"] for e in entries] == [4.0e12, 3.0e12]
+    assert entries[1]["config"]["bench_summary"] == second["config"]["bench_summary"]
+    assert config["ceilings"] == first["config"]["ceilings"]
+    expected = summarize(merged["cases"], ["eager", "graph"])
+    assert config["bench_summary"] == sanitize(expected)
+    assert config["bench_summary"]["shapes"] == 3
+    assert config["bench_summary"] != first["config"]["bench_summary"]
+
+
+def test_shards_of_different_runs_do_not_merge(tmp_path, three):
+    first = run_fake(tmp_path, three, shard=(1, 2), plot=False).receipt
+    second = run_fake(tmp_path, three, shard=(2, 2), plot=False, reps=7).receipt
+    with pytest.raises(ReceiptError, match="differing config keys: reps"):
+        merge_bench_receipts([first, second])
+
+
+def test_a_partial_shard_does_not_merge(tmp_path, three):
+    first = run_fake(tmp_path, three, shard=(1, 2), plot=False).receipt
+    bench = Bench(three, backend=FakeBackend(), out_dir=tmp_path / "cut", reps=3, warmup=0,
+                  plot=False, shard=(2, 2))
+
+    def interrupt(record):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bench.run(on_case=interrupt)
+    [path] = (tmp_path / "cut").glob("*.json")
+    with pytest.raises(ReceiptError, match="partial receipt"):
+        merge_bench_receipts([first, load_receipt(path)])
+
+
+def test_only_bench_receipts_merge_as_a_bench_run(tmp_path, three):
+    shard = run_fake(tmp_path, three, shard=(1, 2), plot=False).receipt
+    qualify = seal({**shard, "kind": "qualify"})
+    with pytest.raises(ReceiptError, match="only bench receipts"):
+        merge_bench_receipts([qualify])

@@ -481,6 +481,21 @@ def test_merge_refuses_different_matrix():
         merge_receipts([first, builder.document()])
 
 
+def test_run_local_keys_may_differ_and_are_kept_per_shard():
+    first = make_builder(config={"matrix": MATRIX, "shard": "1/2", "rate": 1.0})
+    first.add_case(matrix_cases()[0])
+    second = make_builder(config={"matrix": MATRIX, "shard": "2/2", "rate": 2.0})
+    second.add_case(matrix_cases()[1])
+    docs = [first.document(), second.document()]
+    with pytest.raises(ReceiptError, match=r"differing config keys: rate"):
+        merge_receipts(docs)
+    merged = merge_receipts(docs, run_local_keys=frozenset({"rate"}))
+    assert merged["config"]["rate"] == 1.0 and merged["status"] == "complete"
+    assert [e["config"] for e in merged["config"]["merged_from"]] == [{"rate": 1.0},
+                                                                       {"rate": 2.0}]
+    assert "config" not in merge_receipts(shard_receipts(2))["config"]["merged_from"][0]
+
+
 def test_merge_refuses_a_different_device_model_but_not_another_unit():
     first = shard_receipts(2)[0]
     other_unit = shard_receipts(2, device={**H200, "device": "cuda:1", "uuid": "GPU-1"})[1]

@@ -5,8 +5,8 @@ receipt and plots.
 Modules: `shapes` (the shapes file), `work` (bytes, FLOPs, floor), `timing` (the injectable
 timer, graph capture), `breakdown` (the injectable kernel profiler: GPU time per kernel),
 `backend` (what a device provides), `cuda` (the real one), `summary` (per-shape metrics and
-the summary over the shapes), `run` (the runner and receipt), `plots` (PNGs beside the
-receipt).
+the summary over the shapes), `run` (the runner and receipt), `merge` (joining the shard
+receipts of a sharded run), `plots` (PNGs beside the receipt).
 """
 
 from kdabench.bench.backend import (
@@ -29,6 +29,7 @@ from kdabench.bench.breakdown import (
     cuda_kernel_profiler,
     short_kernel_name,
 )
+from kdabench.bench.merge import merge_bench_receipts
 from kdabench.bench.run import (
     AGAINST,
     SANITY_TOLERANCE,
@@ -48,6 +49,6 @@ __all__ = [
     "Ceilings", "KernelCalls", "Outputs", "Prepared", "Profiler", "ShapeSet", "ShapesError",
     "Timer", "backend_kernel", "backend_metrics", "breakdown_line", "breakdown_record",
     "capture_graph", "count_bytes", "count_flops", "cuda_event_timer", "cuda_kernel_profiler",
-    "floor", "load_shapes", "parse_shapes", "policy_metrics", "relative_error",
-    "shape_metrics", "short_kernel_name", "summarize",
+    "floor", "load_shapes", "merge_bench_receipts", "parse_shapes", "policy_metrics",
+    "relative_error", "shape_metrics", "short_kernel_name", "summarize",
 ]

@@ -36,6 +36,7 @@ capacity 4 are recorded alongside.
 Receipt (kind "bench"): one case per shape with the fields :mod:`kdabench.report` reads
 (``shape`` label, ``T``, ``H``, ``seqs``, ``floor_ms``, ``kernels`` = the primary mode's
 {kernel: {median_ms, samples_ms}}; primary is graph when measured, else eager) plus
+``index`` (the shape's position in the shapes file),
 ``modes`` = {mode: {kernel: {median_ms, samples_ms, tokens_per_s, to_floor}}},
 ``ratio_fla_over_kdabench``, ``export_overhead`` = {mode: value}, ``floor``, ``sanity``,
 ``graph_notes``, ``input_sets``, with ``breakdown_calls`` > 0 ``breakdown`` = {kernel:
@@ -50,7 +51,9 @@ HEURISTIC_ONLY or PREPLANNED_ONLY, see kdabench.kernels.policy; ``baseline_polic
 without a baseline; ``backends``, first one first, and ``backend_kernels`` = {backend:
 kernel}), the shapes file,
 the ceilings, the formulas, and at the end ``bench_summary`` (medians over the shapes,
-kdabench.bench.summary).
+kdabench.bench.summary). A sharded run (``shard`` = (I, N)) times only the shapes whose
+position % N == I - 1 and records ``shard`` = "I/N" in its config;
+:func:`kdabench.bench.merge.merge_bench_receipts` joins the shard receipts into one.
 """
 
 from __future__ import annotations
@@ -171,7 +174,8 @@ class Bench:
                  plot: bool = True, command_line: Sequence[str] | None = None,
                  created_at: str | None = None, policy_mode: str | None = None,
                  baseline_policy: str | None = None,
-                 backends: Sequence[str] = DEFAULT_BACKENDS, breakdown: int = 0) -> None:
+                 backends: Sequence[str] = DEFAULT_BACKENDS, breakdown: int = 0,
+                 shard: tuple[int, int] | None = None) -> None:
         if against not in AGAINST:
             raise BenchError(f"--against must be one of {', '.join(AGAINST)}, got {against!r}")
         modes = list(dict.fromkeys(modes))
@@ -183,6 +187,8 @@ class Bench:
             raise BenchError(f"--reps must be >= 1 (got {reps}) and warmup >= 0 (got {warmup})")
         if breakdown < 0:
             raise BenchError(f"--breakdown must be >= 0 calls (0: none), got {breakdown}")
+        self.shard = shard
+        self.selected = _select_shapes(shapes, shard)
         self.policy_mode = _policy_mode(policy_mode)
         self.baseline_policy = _baseline_policy(baseline_policy, self.policy_mode)
         self.backends = _backends(backends)
@@ -220,7 +226,7 @@ class Bench:
         return "graph" if "graph" in self.modes else "eager"
 
     def config(self, ceilings: Any) -> dict[str, Any]:
-        return {
+        config = {
             "shapes_name": self.shapes.name,
             "shapes_origin": "default" if self.shapes.origin == "default" else "file",
             "shapes_sha256": self.shapes.sha256, "shapes": self.shapes.document,
@@ -255,6 +261,9 @@ class Bench:
                               "kernels_us = each GPU kernel's mean microseconds per call"),
             },
         }
+        if self.shard is not None:
+            config["shard"] = f"{self.shard[0]}/{self.shard[1]}"
+        return config
 
     def run(self, *, on_start: Callable[[BenchShape], None] | None = None,
             on_case: Callable[[dict[str, Any]], None] | None = None) -> BenchResult:
@@ -262,13 +271,13 @@ class Bench:
         builder = new_receipt("bench", config=self.config(ceilings),
                               command_line=self.command_line, device=self.backend.identity(),
                               created_at=self.created_at)
-        path = _receipt_path(self.out_dir, builder.filename())
+        path = _receipt_path(self.out_dir, builder.filename(), self.shard)
         records = []
         with builder.writer(path) as writer:
-            for shape in self.shapes.shapes:
+            for index, shape in self.selected:
                 if on_start:
                     on_start(shape)
-                record = self.run_shape(shape, ceilings)
+                record = {"index": index, **self.run_shape(shape, ceilings)}
                 records.append(writer.add_case(record))
                 if on_case:
                     on_case(record)
@@ -419,14 +428,32 @@ def _backends(names: Sequence[str]) -> list[str]:
     return names
 
 
+def _select_shapes(shapes: ShapeSet, shard: tuple[int, int] | None
+                   ) -> list[tuple[int, BenchShape]]:
+    """(position in the shapes file, shape) of every shape the run times: those of ``shard``."""
+    selected = list(enumerate(shapes.shapes))
+    if shard is None:
+        return selected
+    index, count = shard
+    if not 1 <= index <= count:
+        raise BenchError(f"--shard {index}/{count}: I must lie in 1..N")
+    selected = [(position, shape) for position, shape in selected if position % count == index - 1]
+    if not selected:
+        raise BenchError(f"--shard {index}/{count} selects no shape: the shapes file has "
+                         f"{len(shapes.shapes)}, so N must be at most that")
+    return selected
+
+
 def _default_out_dir() -> Path:
     from kdabench.qualification import default_results_dir
 
     return default_results_dir()
 
 
-def _receipt_path(folder: Path, filename: str) -> Path:
+def _receipt_path(folder: Path, filename: str, shard: tuple[int, int] | None) -> Path:
     stem = filename.removesuffix(".json")
+    if shard is not None:
+        stem += f"-shard{shard[0]}of{shard[1]}"
     path, number = folder / f"{stem}.json", 1
     while path.exists():
         number += 1

@@ -48,6 +48,9 @@ def _names(text: str) -> list[str]:
               help="After each shape's timing, run CALLS eager calls of every kernel under "
               "torch.profiler and record where its GPU time goes: each GPU kernel it launched, "
               "with its mean microseconds per call (0: no breakdown; 10 is plenty).")
+@click.option("--shard", metavar="I/N", default=None,
+              help="Run shard I of N of the shapes (position % N == I - 1); join the shard "
+              "receipts with `kdabench merge`.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Folder for the receipt and plots (default: the repository's results/, or "
               "$KDABENCH_RESULTS).")
@@ -63,8 +66,8 @@ def _names(text: str) -> list[str]:
               "policy mode, on the same inputs, and report the policy gain per shape: its time "
               "/ kdabench's (above 1: --policy-mode's configs are faster).")
 def bench(shapes_path: Path | None, against: str, modes_text: str, backends_text: str,
-          reps: int, breakdown: int, out_dir: Path | None, as_json: bool, plot: bool,
-          policy_mode: str | None, baseline_policy: str | None) -> None:
+          reps: int, breakdown: int, shard: str | None, out_dir: Path | None, as_json: bool,
+          plot: bool, policy_mode: str | None, baseline_policy: str | None) -> None:
     """Time kdabench against fla's chunk_kda per shape and write a receipt (kind "bench").
 
     Per shape, on the same inputs in one process: fla (its final state), kdabench with
@@ -81,21 +84,24 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, backends_text
     To time the Triton and the CuTe backends beside fla in one run: --backends triton,cute
     (the cute column's config source says whether its kernels came from an ahead-of-time
     build or a JIT compile). To see where each kernel's GPU time goes, kernel by kernel:
-    --breakdown 10.
+    --breakdown 10. A run too long for one sitting splits into shards: --shard 1/2 and
+    --shard 2/2, joined with `kdabench merge`.
 
     Exit 0 when it ran (speed targets are reported, not asserted); 1 when a sanity check
     fails or a shape errors; 2 for bad input (a shapes file that does not load, bad
-    --modes, --reps or --backends, no CUDA GPU, a backend that cannot run here).
+    --modes, --reps, --backends or --shard, no CUDA GPU, a backend that cannot run here).
     """
     from kdabench.bench import Bench, BenchError, ShapesError, load_shapes
+    from kdabench.matrix import MatrixError, parse_shard
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
-    with user_errors(ShapesError, BenchError):
+    with user_errors(ShapesError, BenchError, MatrixError):
         shapes = load_shapes(shapes_path)
         run = Bench(shapes, against=against, modes=_names(modes_text), reps=reps,
                     out_dir=out_dir, plot=plot, policy_mode=policy_mode,
                     baseline_policy=baseline_policy, backends=_names(backends_text),
-                    breakdown=breakdown)
+                    breakdown=breakdown,
+                    shard=parse_shard(shard) if shard is not None else None)
     if run.fla_skipped:
         print_error(f"fla comparison skipped: {run.fla_skipped}", style="bold yellow")
     result = _run_with_progress(console, run)
@@ -114,12 +120,12 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, backends_text
 
 
 def _run_with_progress(console: Console, run) -> Any:
-    console.print(f"bench · {len(run.shapes.shapes)} shapes · backends "
+    console.print(f"bench · {len(run.selected)} shapes{_shard_words(run.shard)} · backends "
                   f"{', '.join(run.backends)} · kernels {', '.join(run.kernels)} · modes "
                   f"{', '.join(run.modes)} · {run.reps} reps · policy {run.policy_mode}"
                   f"{_baseline_words(run.baseline_policy)} · receipt in "
                   f"{escape(str(run.out_dir))}")
-    return run_cases_with_progress(console, run, total=len(run.shapes.shapes),
+    return run_cases_with_progress(console, run, total=len(run.selected),
                                    first="measuring the ceilings", label=lambda s: s.label,
                                    receipt=f"in {run.out_dir}")
 
@@ -134,6 +140,10 @@ def _times(value: Any, suffix: str = "x") -> str:
 
 def _percent(value: Any) -> str:
     return "-" if not isinstance(value, (int, float)) else f"{100 * value:+.1f}%"
+
+
+def _shard_words(shard: tuple[int, int] | None) -> str:
+    return f" (shard {shard[0]}/{shard[1]})" if shard else ""
 
 
 def _baseline_words(baseline: str | None) -> str:

@@ -20,8 +20,11 @@ SHARD_CONFIG_KEYS = frozenset({"shard"})
 DEVICE_UNIT_KEYS = frozenset({"device", "uuid", "cpu_model", "cpu_count"})
 
 
-def _shard_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in config.items() if key not in SHARD_CONFIG_KEYS}
+def _shard_config(config: Mapping[str, Any], run_local_keys: frozenset[str] = frozenset()
+                  ) -> dict[str, Any]:
+    """The config without the keys shards of one run may differ in."""
+    left_out = SHARD_CONFIG_KEYS | run_local_keys
+    return {key: value for key, value in config.items() if key not in left_out}
 
 
 def _device_model(device: Mapping[str, Any]) -> dict[str, Any]:
@@ -53,15 +56,18 @@ def merge_receipts(
     labels: Sequence[str] | None = None,
     command_line: Sequence[str] | None = None,
     created_at: str | None = None,
+    run_local_keys: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Join shard receipts of one run into one sealed receipt.
 
     Every shard must verify, be complete, and share kind, tool version, git commit,
     source hashes, toolchain, device model (keys in :data:`DEVICE_UNIT_KEYS` may differ)
-    and config (keys in :data:`SHARD_CONFIG_KEYS` may differ); case ids must be unique
-    across shards. Cases are ordered by their ``index`` field when every case has one,
-    else by id. ``config["merged_from"]`` records each shard (label, shard, sha256,
-    created_at, case count, device). The merged receipt is "partial" when the shards
+    and config (keys in :data:`SHARD_CONFIG_KEYS` and ``run_local_keys`` may differ); case
+    ids must be unique across shards. Cases are ordered by their ``index`` field when every
+    case has one, else by id. ``config["merged_from"]`` records each shard (label, shard,
+    sha256, created_at, case count, device and, with ``run_local_keys``, ``config`` = its
+    values of those keys); the merged config keeps the first shard's values of
+    ``run_local_keys``. The merged receipt is "partial" when the shards
     declare a shard count (``config["shard"]`` as "I/N" or {"index", "count"}) and some
     shard of it is absent. Raises :class:`ReceiptError` with the reason otherwise.
     """
@@ -93,8 +99,9 @@ def merge_receipts(
                 f"{label} and {first_label} were made from different kernel/oracle sources "
                 f"({diff.describe()})"
             )
-        if _shard_config(doc["config"]) != _shard_config(first["config"]):
-            keys = _differing_keys(_shard_config(first["config"]), _shard_config(doc["config"]))
+        ours, theirs = (_shard_config(d["config"], run_local_keys) for d in (first, doc))
+        if theirs != ours:
+            keys = _differing_keys(ours, theirs)
             raise ReceiptError(
                 f"{label} and {first_label} ran different configurations "
                 f"(differing config keys: {', '.join(keys)})"
@@ -137,15 +144,7 @@ def merge_receipts(
     status = "complete" if _shards_complete(shards) else "partial"
     config = _shard_config(first["config"])
     config["merged_from"] = [
-        {
-            "label": label,
-            "shard": doc["config"].get("shard"),
-            "sha256": doc[_HASH_FIELD],
-            "created_at": doc["created_at"],
-            "cases": len(doc["cases"]),
-            "device": doc["device"],
-        }
-        for doc, label in zip(docs, labels, strict=True)
+        _merged_from(doc, label, run_local_keys) for doc, label in zip(docs, labels, strict=True)
     ]
     return seal({
         "schema": SCHEMA,
@@ -164,6 +163,22 @@ def merge_receipts(
         "cases": cases,
         "status": status,
     })
+
+
+def _merged_from(doc: Mapping[str, Any], label: str, run_local_keys: frozenset[str]
+                 ) -> dict[str, Any]:
+    """What the merged receipt records of one shard."""
+    entry = {
+        "label": label,
+        "shard": doc["config"].get("shard"),
+        "sha256": doc[_HASH_FIELD],
+        "created_at": doc["created_at"],
+        "cases": len(doc["cases"]),
+        "device": doc["device"],
+    }
+    if run_local_keys:
+        entry["config"] = {key: doc["config"].get(key) for key in sorted(run_local_keys)}
+    return entry
 
 
 def parse_shard(shard: Any) -> tuple[int, int] | None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kdabench.bench import cuda as bench_cuda
-from kdabench.receipts import verify_file
+from kdabench.receipts import load_receipt, verify_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cli_helpers import assert_one_line_error, invoke
@@ -242,3 +242,77 @@ def test_breakdown_option(monkeypatch, tmp_path, shapes_file):
     assert found["shapes"][0]["breakdown"]["kdabench"]["calls"] == 2
     refused = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--breakdown", "-1")
     assert refused.exit_code == 2 and "--breakdown" in refused.output
+
+
+def test_shard_option(monkeypatch, tmp_path, shapes_file):
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
+                    "--shard", "1/2", "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    assert [s["shape"] for s in found["shapes"]] == ["64x1x(2x32)"]
+    receipt = load_receipt(found["receipt"])
+    assert receipt["config"]["shard"] == "1/2" and receipt["cases"][0]["index"] == 0
+    assert "bench · 1 shapes (shard 1/2) ·" in result.stderr  # the header line
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("3/2", "I must lie in 1..N"), ("half", "is not I/N"),
+    ("3/3", "selects no shape"),
+], ids=["past-n", "not-a-shard", "empty"])
+def test_bad_shard_exits_2(monkeypatch, tmp_path, shapes_file, text, fragment):
+    use_backend(monkeypatch)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--shard", text)
+    assert_one_line_error(result, 2, fragment)
+    assert not list(tmp_path.glob("bench-*.json"))
+
+
+def bench_shards(monkeypatch, folder: Path, shapes_file: Path) -> list[Path]:
+    """The receipts of `kdabench bench --shard 1/2` and `--shard 2/2`."""
+    use_backend(monkeypatch)
+    paths = []
+    for shard in ("1/2", "2/2"):
+        result = invoke("bench", "--shapes", shapes_file, "--out", folder, "--no-plot",
+                        "--reps", "5", "--shard", shard, "--json")
+        assert result.exit_code == 0, result.output
+        paths.append(Path(json.loads(result.stdout)["receipt"]))
+    return paths
+
+
+def test_merge_joins_bench_shards_and_draws_the_plots(monkeypatch, tmp_path, shapes_file):
+    shards = bench_shards(monkeypatch, tmp_path / "shards", shapes_file)
+    out = tmp_path / "merged.json"
+    result = invoke("merge", out, *reversed(shards))
+    assert result.exit_code == 0, result.output
+    assert "merged 2 bench shard receipt(s)" in result.stdout
+    merged = load_receipt(out)
+    assert verify_file(out).ok and merged["status"] == "complete"
+    assert [c["index"] for c in merged["cases"]] == [0, 1]
+    assert merged["config"]["bench_summary"]["shapes"] == 2
+    plots = [tmp_path / f"merged-{mode}.png" for mode in ("eager", "graph")]
+    assert all(path.exists() for path in plots)
+    assert f"plot {plots[0]}" in result.stdout
+    found = json.loads(invoke("merge", "--force", "--json", out, *shards).stdout)
+    assert found["plots"] == [str(path) for path in plots]
+
+
+def test_merge_no_plot_draws_none(monkeypatch, tmp_path, shapes_file):
+    shards = bench_shards(monkeypatch, tmp_path / "shards", shapes_file)
+    result = invoke("merge", "--no-plot", "--json", tmp_path / "merged.json", *shards)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["plots"] == []
+    assert not list(tmp_path.rglob("*.png"))
+
+
+def test_merge_a_plot_failure_keeps_the_receipt(monkeypatch, tmp_path, shapes_file):
+    shards = bench_shards(monkeypatch, tmp_path / "shards", shapes_file)
+
+    def broken(receipt, path):
+        raise RuntimeError("no backend for matplotlib")
+
+    monkeypatch.setattr("kdabench.bench.plots.plot_receipt", broken)
+    out = tmp_path / "merged.json"
+    result = invoke("merge", out, *shards)
+    assert result.exit_code == 0, result.output
+    assert "the plots were not drawn: RuntimeError: no backend for matplotlib" in result.stderr
+    assert verify_file(out).ok
