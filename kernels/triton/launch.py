@@ -15,7 +15,11 @@ VALIDATE_BLOCK = 64
 SEARCH_BLOCK = 256
 FILL_ROWS = 64
 SUB_CHUNK = 16
-KEY_SLICE = 32  # split stage 1: key columns per product step of the blocks kernel
+KEY_SLICE = 16  # split stage 1: key columns per product step of the blocks kernel
+# The blocks kernel's products are 16 x 16: with 4 warps every warp repeats the same dots and
+# most of the exponentials (sm_90 SASS: as many HMMA per warp at 4 warps as at 1), and 214
+# registers leave 2 programs per SM. 2 warps on 16-column key slices: 157 registers, 6 per SM.
+BLOCKS_WARPS = 2
 SOLVE_COLUMNS = 64  # split stage 1: W or U columns per solve program
 OUTPUT_BLOCK_V = 64  # split output: V columns per output program
 CHECKPOINT_BLOCK_V = 32  # V columns per checkpoint program
@@ -163,8 +167,7 @@ def _split_stage_one(binding, stride_slots: int, bound_slots: int) -> None:
         ws["ws_KD"], ws["ws_A"], ws["ws_Aqk"], stride_slots,
         H=H, K=K, CHUNK=config.chunk_size, SUB=SUB_CHUNK, KS=min(K, KEY_SLICE),
         QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
-        DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,
-        num_warps=config.prepare_warps,
+        DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK, num_warps=BLOCKS_WARPS,
     )
     kda_chunk_solve_kernel[(bound_slots, H, 2 * K // solve_columns)](
         binding.k, binding.v, binding.beta, *located, plan.error_code, ws["ws_G"], ws["ws_A"],

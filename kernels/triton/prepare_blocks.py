@@ -6,7 +6,8 @@ anchoring) from three kernels that are parallel within a chunk too.
   kd = k exp(G_last - G) (stored transposed, [K, CHUNK] per chunk), the Aqk rows of I, and row
   block I of the solve's matrix: M_IJ for J < I and (I + M_II)^-1 (repeated squaring) in place
   of the diagonal block. Products over K accumulate KS columns at a time: a [16, K] operand
-  pair of a 16 x 16 dot is replicated in every warp, so whole-K tiles take all registers.
+  pair of a 16 x 16 dot is replicated in every warp, so whole-K tiles take all registers, and
+  the launch gives it few warps (launch.BLOCKS_WARPS): more would repeat the same work.
 - kda_chunk_solve_kernel, one program per (chunk, head, column block of W or U): block forward
   substitution X_I = (I + M_II)^-1 (B_I - sum_{J < I} M_IJ X_J) with the sub-blocks in
   registers.
