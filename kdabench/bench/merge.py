@@ -21,11 +21,12 @@ def merge_bench_receipts(docs: Sequence[Mapping[str, Any]], *,
     """Join bench shard receipts as :func:`kdabench.receipts.merge_receipts` does; each
     shard's ceilings and summary stay in ``merged_from``, the config keeps the first shard's
     ceilings and gets the summary over all shapes. Raises ReceiptError."""
+    kinds = sorted({str(doc.get("kind")) for doc in docs})
+    if docs and kinds != ["bench"]:
+        raise ReceiptError(f"these are {', '.join(map(repr, kinds))} receipts; only bench "
+                           "receipts merge as a bench run")
     merged = merge_receipts(docs, labels=labels, command_line=command_line,
                             created_at=created_at, run_local_keys=RUN_LOCAL_KEYS)
-    if merged["kind"] != "bench":
-        raise ReceiptError(f"these are {merged['kind']!r} receipts; only bench receipts merge "
-                           "as a bench run")
     config = merged["config"]
     summary = summarize(merged["cases"], config["modes"],
                         baseline=config.get("baseline_policy") is not None,

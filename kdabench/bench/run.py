@@ -86,7 +86,7 @@ from kdabench.bench.summary import (
     summarize,
 )
 from kdabench.bench.work import BYTES_FORMULA, FLOPS_FORMULA, floor
-from kdabench.receipts import new_receipt, sanitize
+from kdabench.receipts import free_receipt_path, new_receipt, sanitize
 
 AGAINST = ("fla", "none")
 SANITY_TOLERANCE = 5e-2
@@ -271,7 +271,7 @@ class Bench:
         builder = new_receipt("bench", config=self.config(ceilings),
                               command_line=self.command_line, device=self.backend.identity(),
                               created_at=self.created_at)
-        path = _receipt_path(self.out_dir, builder.filename(), self.shard)
+        path = free_receipt_path(self.out_dir, builder.filename(), self.shard)
         records = []
         with builder.writer(path) as writer:
             for index, shape in self.selected:
@@ -449,13 +449,3 @@ def _default_out_dir() -> Path:
 
     return default_results_dir()
 
-
-def _receipt_path(folder: Path, filename: str, shard: tuple[int, int] | None) -> Path:
-    stem = filename.removesuffix(".json")
-    if shard is not None:
-        stem += f"-shard{shard[0]}of{shard[1]}"
-    path, number = folder / f"{stem}.json", 1
-    while path.exists():
-        number += 1
-        path = folder / f"{stem}-{number}.json"
-    return path

@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
-from kdabench.qualify.run import QualifyError, QualifyResult, _receipt_path, default_out_dir
+from kdabench.qualify.run import QualifyError, QualifyResult, default_out_dir
 from kdabench.receipts import (
     atomic_write_bytes,
+    free_receipt_path,
     load_receipt,
     merge_receipts,
     receipt_filename,
@@ -311,7 +312,7 @@ class ParallelQualification:
                                         "count": self.count, "multicast_off": MULTICAST_OFF}
         merged = seal(merged)
         filename = receipt_filename("qualify", merged["device"], merged["created_at"])
-        path = _receipt_path(self.out_dir, filename, None)
+        path = free_receipt_path(self.out_dir, filename)
         atomic_write_bytes(path, render_receipt(merged))
         return QualifyResult(path, merged, merged["cases"])
 

@@ -19,7 +19,7 @@ from kdabench.kernel_records import KERNEL_RECORD_KEYS
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
 from kdabench.qualify.harness import Context
 from kdabench.qualify.scenarios import RUNNERS
-from kdabench.receipts import new_receipt
+from kdabench.receipts import free_receipt_path, new_receipt
 
 
 class QualifyError(ValueError):
@@ -208,7 +208,7 @@ class Qualification:
 
         self.builder = new_receipt("qualify", config=config, command_line=command_line,
                                    device=device_identity(str(self.device)), created_at=created_at)
-        self.path = _receipt_path(Path(out_dir) if out_dir else default_out_dir(),
+        self.path = free_receipt_path(Path(out_dir) if out_dir else default_out_dir(),
                                   self.builder.filename(), shard)
         self.context = Context(self.device, self.tier, self.backend,
                                matrix.timing if self.tier == "gpu" else None, matrix.seed)
@@ -232,16 +232,6 @@ def default_out_dir() -> Path:
 
     return default_results_dir()
 
-
-def _receipt_path(folder: Path, filename: str, shard: tuple[int, int] | None) -> Path:
-    stem = filename.removesuffix(".json")
-    if shard is not None:
-        stem += f"-shard{shard[0]}of{shard[1]}"
-    path, number = folder / f"{stem}.json", 1
-    while path.exists():
-        number += 1
-        path = folder / f"{stem}-{number}.json"
-    return path
 
 
 def fmt_error(value: Any) -> str:

@@ -52,6 +52,19 @@ def receipt_filename(kind: str, device: Mapping[str, Any] | str | None, created_
     return f"{kind}-{device_slug(device)}-{moment.strftime('%Y%m%dT%H%M%S')}.json"
 
 
+
+def free_receipt_path(folder: Path, filename: str, shard: tuple[int, int] | None = None) -> Path:
+    """Where to write receipt `filename` in `folder`: with ``-shardIofN`` for shard (I, N), and
+    ``-2``, ``-3``, ... until the name is not taken."""
+    stem = filename.removesuffix(".json")
+    if shard is not None:
+        stem += f"-shard{shard[0]}of{shard[1]}"
+    path, number = folder / f"{stem}.json", 1
+    while path.exists():
+        number += 1
+        path = folder / f"{stem}-{number}.json"
+    return path
+
 # --------------------------------------------------------------------------- writing
 
 
