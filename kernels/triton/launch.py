@@ -24,6 +24,7 @@ SOLVE_COLUMNS = 64  # split stage 1: W or U columns per solve program
 OUTPUT_BLOCK_V = 64  # split output: V columns per output program
 CHECKPOINT_BLOCK_V = 32  # V columns per checkpoint program
 KERNEL_WORKSPACES = ("ws_G", "ws_QG", "ws_KD", "ws_GL", "ws_W", "ws_U", "ws_Aqk")  # argument order
+STATE_WORKSPACES = KERNEL_WORKSPACES[1:]  # the state pass reads all but G
 
 
 def interpreted() -> bool:
@@ -105,14 +106,14 @@ def prefill(binding) -> None:
     meta_capacity = binding.cu_seqlens.numel() - 1
     stride_slots = chunk_slots(caps.max_tokens, caps.max_seqs, config.chunk_size)
     bound_slots = chunk_slots(binding.q.shape[0], meta_capacity, config.chunk_size)
-    workspaces = [ws[name] for name in KERNEL_WORKSPACES]
     if split:
         _split_stage_one(binding, stride_slots, bound_slots)
     else:
         kda_chunk_prepare_kernel[(bound_slots, H)](
             binding.q, binding.k, binding.v, binding.g, binding.beta, binding.cu_seqlens,
             binding.num_seqs, ws["chunk_offsets"], binding.A_log, binding.dt_bias,
-            plan.error_code, *workspaces, float(caps.lower_bound), stride_slots,
+            plan.error_code, *(ws[name] for name in KERNEL_WORKSPACES), float(caps.lower_bound),
+            stride_slots,
             H=H, K=K, V=K, CHUNK=config.chunk_size, SUB=SUB_CHUNK, GATE=GATE_CODES[caps.gate],
             QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
             DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,
@@ -122,7 +123,8 @@ def prefill(binding) -> None:
         binding.out, binding.state_pool, binding.cu_seqlens,
         binding.num_seqs, ws["chunk_offsets"], binding.initial_state_indices,
         binding.final_state_indices, binding.checkpoint_offsets,
-        binding.checkpoint_state_indices, *workspaces, ws["ws_S"] if split else ws["ws_U"],
+        binding.checkpoint_state_indices, *(ws[name] for name in STATE_WORKSPACES),
+        ws["ws_S"] if split else ws["ws_U"],
         plan.error_code, binding.scale, binding.out.shape[0], meta_capacity, stride_slots,
         H=H, K=K, V=K, BV=config.block_v, CHUNK=config.chunk_size, CK=caps.max_checkpoints,
         DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(), SPLIT_OUTPUT=split,

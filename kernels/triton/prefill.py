@@ -88,7 +88,7 @@ def _next_checkpoint(ck_off, ck_idx, n, after, none_offset, CK: tl.constexpr):
 @triton.jit
 def _state_pass(
     out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-    ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, scale, num_chunk_slots, n, iv, h,
+    ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, scale, num_chunk_slots, n, iv, h,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
@@ -146,7 +146,7 @@ def _state_pass(
 @triton.jit
 def kda_state_pass_kernel(
     out, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
-    ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, err_ptr,
+    ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, err_ptr,
     scale, token_capacity, meta_capacity, num_chunk_slots,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -160,7 +160,7 @@ def kda_state_pass_kernel(
     elif n < tl.load(num_seqs_ptr):
         _state_pass(
             out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-            ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, scale, num_chunk_slots, n,
+            ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, scale, num_chunk_slots, n,
             iv, h, H, K, V, BV, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT,
         )
 
