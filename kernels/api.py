@@ -175,7 +175,7 @@ def plan(
             raise KdaConfigError(f"the triton backend needs a KernelConfig (got {config})")
         workspaces = launch.allocate_workspaces(caps.num_heads, caps.head_dim, caps.max_tokens,
                                                 caps.max_seqs, config.chunk_size, device,
-                                                config.operand_dtype)
+                                                config.operand_dtype, config.pipeline)
     return Plan(
         caps=caps,
         device=device,

@@ -171,7 +171,8 @@ def config_problems(config: KernelConfig, head_dim: int) -> list[str]:
     The rule: block_v a power of two in [16, head_dim] that divides head_dim; chunk_size a
     multiple of 16 (tl.dot tiles); num_warps and prepare_warps in 1, 2, 4, 8, 16;
     num_stages >= 1; dot_precision one of Triton's input precisions; operand_dtype one of
-    kernels.config.OPERAND_DTYPES. Fields KernelConfig does not have are not checked.
+    kernels.config.OPERAND_DTYPES; pipeline one of kernels.config.PIPELINES. Fields
+    KernelConfig does not have are not checked.
     """
     problems = []
     values = config_to_dict(config)
@@ -196,6 +197,9 @@ def config_problems(config: KernelConfig, head_dim: int) -> list[str]:
     precision = values.get("dot_precision")
     if precision is not None and precision not in DOT_PRECISIONS:
         problems.append(f"dot_precision {precision!r} must be one of {DOT_PRECISIONS}")
+    pipeline = values.get("pipeline")
+    if pipeline is not None and pipeline not in kernel_config.PIPELINES:
+        problems.append(f"pipeline {pipeline!r} must be one of {kernel_config.PIPELINES}")
     operand_dtypes = getattr(kernel_config, "OPERAND_DTYPES", None)
     operand = values.get("operand_dtype")
     if operand is not None and operand_dtypes is not None and operand not in operand_dtypes:

@@ -12,6 +12,7 @@ HEAD_DIMS = (64, 128)
 BACKENDS = ("triton", "cute")
 VALIDATION_MODES = ("device",)
 OPERAND_DTYPES = ("float32", "bfloat16")
+PIPELINES = ("fused", "split")
 CHUNK_SIZE = 32
 MIN_LOWER_BOUND = -5.0
 SHARED_MEMORY_BUDGET_BYTES = 99 * 1024
@@ -51,7 +52,11 @@ class KernelConfig:
     chunk_size: tokens per sequential step (a multiple of 16). block_v: V columns per state-pass
     program. operand_dtype: storage of the state pass's matrix operands (qg, kd, W, Aqk) and of
     the state and delta fed to its dots: "float32" (tf32 dots) or "bfloat16" (bf16 dots); the
-    state itself always accumulates in fp32.
+    state itself always accumulates in fp32. pipeline: "fused" runs stage 1 as one program per
+    chunk and computes the output inside the state pass; "split" runs stage 1 as parallel
+    sub-block kernels, keeps only the state chain in the pass and computes the output in a
+    parallel kernel from the stored chunk-start states (faster at few heads and long chunks,
+    slower where small chunks make those states many).
     """
 
     chunk_size: int = CHUNK_SIZE
@@ -61,6 +66,7 @@ class KernelConfig:
     prepare_warps: int = 4
     dot_precision: str = "tf32"
     operand_dtype: str = "float32"
+    pipeline: str = "fused"
 
 
 @dataclass(frozen=True)

@@ -65,3 +65,33 @@ def locate_chunk(chunk_offsets, num_seqs, c, BLOCK: tl.constexpr):
         ends = tl.load(chunk_offsets + 1 + n0 + r, mask=n0 + r < num_seqs, other=2147483647)
         n += tl.sum((ends <= c).to(tl.int32), axis=0)
     return n
+
+
+@triton.jit
+def chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c, CHUNK: tl.constexpr,
+              SEARCH_BLOCK: tl.constexpr):
+    """(live, bos, start, seqlen) of global chunk c: its sequence's first token, the chunk's
+    first position in it, the sequence's length; live is false past the batch or on error."""
+    num_seqs = tl.load(num_seqs_ptr)
+    n = locate_chunk(chunk_offsets, num_seqs, c, SEARCH_BLOCK)
+    live = (tl.load(err_ptr) == 0) & (n < num_seqs)
+    n = tl.maximum(tl.minimum(n, num_seqs - 1), 0)
+    bos = tl.load(cu_seqlens + n).to(tl.int64)
+    seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
+    start = (c - tl.load(chunk_offsets + n)).to(tl.int64) * CHUNK
+    return live, bos, start, seqlen
+
+
+@triton.jit
+def unit_lower_inverse(M, SUB: tl.constexpr):
+    """(I + M)^-1 for strictly lower-triangular M [16, 16]: M is nilpotent (M^16 = 0), so
+    (I + M)^-1 = (I - M)(I + M^2)(I + M^4)(I + M^8), six small fp32 products."""
+    tl.static_assert(SUB == 16, "the squaring inverse needs M^16 = 0 and 16-wide dots")
+    rs = tl.arange(0, SUB)
+    eye = tl.where(rs[:, None] == rs[None, :], 1.0, 0.0)
+    M2 = tl.dot(M, M, input_precision="ieee")
+    M4 = tl.dot(M2, M2, input_precision="ieee")
+    M8 = tl.dot(M4, M4, input_precision="ieee")
+    inv = tl.dot(eye - M, eye + M2, input_precision="ieee")
+    inv = tl.dot(inv, eye + M4, input_precision="ieee")
+    return tl.dot(inv, eye + M8, input_precision="ieee")

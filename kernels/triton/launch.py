@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import triton
 
-from .prefill import kda_state_pass_kernel
+from .prefill import kda_checkpoint_kernel, kda_output_kernel, kda_state_pass_kernel
 from .prepare import kda_chunk_prepare_kernel
+from .prepare_blocks import kda_chunk_blocks_kernel, kda_chunk_decay_kernel, kda_chunk_solve_kernel
 from .validate import kda_validate_kernel
 
 GATE_CODES = {"precomputed": 0, "sigmoid": 1, "softplus": 2}
@@ -14,7 +15,16 @@ VALIDATE_BLOCK = 64
 SEARCH_BLOCK = 256
 FILL_ROWS = 64
 SUB_CHUNK = 16
+KEY_SLICE = 16  # split stage 1: key columns per product step of the blocks kernel
+# The blocks kernel's products are 16 x 16: with 4 warps every warp repeats the same dots and
+# most of the exponentials (sm_90 SASS: as many HMMA per warp at 4 warps as at 1), and 214
+# registers leave 2 programs per SM. 2 warps on 16-column key slices: 157 registers, 6 per SM.
+BLOCKS_WARPS = 2
+SOLVE_COLUMNS = 64  # split stage 1: W or U columns per solve program
+OUTPUT_BLOCK_V = 64  # split output: V columns per output program
+CHECKPOINT_BLOCK_V = 32  # V columns per checkpoint program
 KERNEL_WORKSPACES = ("ws_G", "ws_QG", "ws_KD", "ws_GL", "ws_W", "ws_U", "ws_Aqk")  # argument order
+STATE_WORKSPACES = KERNEL_WORKSPACES[1:]  # the state pass reads all but G
 
 
 def interpreted() -> bool:
@@ -48,14 +58,15 @@ def chunk_slots(max_tokens: int, max_seqs: int, chunk_size: int) -> int:
 
 
 def allocate_workspaces(num_heads: int, head_dim: int, max_tokens: int, max_seqs: int,
-                        chunk_size: int, device: torch.device,
-                        operand_dtype: str = "float32") -> dict[str, torch.Tensor]:
-    """The per-plan workspaces of the two-stage prefill (operands in `operand_dtype`)."""
+                        chunk_size: int, device: torch.device, operand_dtype: str = "float32",
+                        pipeline: str = "fused") -> dict[str, torch.Tensor]:
+    """The per-plan workspaces of the two-stage prefill (operands in `operand_dtype`); the split
+    pipeline adds the solve's matrix (ws_A) and the chunk-start states (ws_S)."""
     chunks = chunk_slots(max_tokens, max_seqs, chunk_size)
     rows = chunks * chunk_size
     f32 = {"dtype": torch.float32, "device": device}
     ops = {"dtype": getattr(torch, operand_dtype), "device": device}
-    return {
+    workspaces = {
         "chunk_offsets": torch.zeros(max_seqs + 1, dtype=torch.int32, device=device),
         "ws_G": torch.empty(num_heads, rows, head_dim, **f32),
         "ws_QG": torch.empty(num_heads, rows, head_dim, **ops),
@@ -65,6 +76,10 @@ def allocate_workspaces(num_heads: int, head_dim: int, max_tokens: int, max_seqs
         "ws_U": torch.empty(num_heads, rows, head_dim, **f32),
         "ws_Aqk": torch.empty(num_heads, rows, chunk_size, **ops),
     }
+    if pipeline == "split":
+        workspaces["ws_A"] = torch.empty(num_heads, rows, chunk_size, **f32)
+        workspaces["ws_S"] = torch.empty(num_heads, chunks, head_dim, head_dim, **ops)
+    return workspaces
 
 
 def validate(binding) -> None:
@@ -81,32 +96,86 @@ def validate(binding) -> None:
 
 
 def prefill(binding) -> None:
-    """Launch stage 1 (per chunk and head) and stage 2 (per sequence, V block and head)."""
+    """Launch stage 1 (per chunk and head; the split pipeline per sub-block and column block
+    too), stage 2 (per sequence, V block and head), the interior checkpoints (per checkpoint,
+    V block and head) and, split, the output (per chunk, V block and head)."""
     plan = binding.plan
     caps, config, ws = plan.caps, plan.config, plan.workspaces
+    H, K = caps.num_heads, caps.head_dim
+    split = config.pipeline == "split"
     meta_capacity = binding.cu_seqlens.numel() - 1
     stride_slots = chunk_slots(caps.max_tokens, caps.max_seqs, config.chunk_size)
     bound_slots = chunk_slots(binding.q.shape[0], meta_capacity, config.chunk_size)
-    workspaces = [ws[name] for name in KERNEL_WORKSPACES]
-    kda_chunk_prepare_kernel[(bound_slots, caps.num_heads)](
-        binding.q, binding.k, binding.v, binding.g, binding.beta, binding.cu_seqlens,
-        binding.num_seqs, ws["chunk_offsets"], binding.A_log, binding.dt_bias, plan.error_code,
-        *workspaces, float(caps.lower_bound), stride_slots,
-        H=caps.num_heads, K=caps.head_dim, V=caps.head_dim, CHUNK=config.chunk_size,
-        SUB=SUB_CHUNK, GATE=GATE_CODES[caps.gate], QK_L2NORM=caps.qk_l2norm,
-        BETA_SIGMOID=caps.beta_sigmoid,
-        DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,
-        num_warps=config.prepare_warps,
-    )
-    grid = (meta_capacity, triton.cdiv(caps.head_dim, config.block_v), caps.num_heads)
-    kda_state_pass_kernel[grid](
-        binding.k, binding.out, binding.state_pool, binding.cu_seqlens,
+    if split:
+        _split_stage_one(binding, stride_slots, bound_slots)
+    else:
+        kda_chunk_prepare_kernel[(bound_slots, H)](
+            binding.q, binding.k, binding.v, binding.g, binding.beta, binding.cu_seqlens,
+            binding.num_seqs, ws["chunk_offsets"], binding.A_log, binding.dt_bias,
+            plan.error_code, *(ws[name] for name in KERNEL_WORKSPACES), float(caps.lower_bound),
+            stride_slots,
+            H=H, K=K, V=K, CHUNK=config.chunk_size, SUB=SUB_CHUNK, GATE=GATE_CODES[caps.gate],
+            QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
+            DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,
+            num_warps=config.prepare_warps,
+        )
+    kda_state_pass_kernel[(meta_capacity, triton.cdiv(K, config.block_v), H)](
+        binding.out, binding.state_pool, binding.cu_seqlens,
         binding.num_seqs, ws["chunk_offsets"], binding.initial_state_indices,
         binding.final_state_indices, binding.checkpoint_offsets,
-        binding.checkpoint_state_indices, *workspaces, plan.error_code, binding.scale,
-        binding.out.shape[0], meta_capacity, stride_slots,
-        H=caps.num_heads, K=caps.head_dim, V=caps.head_dim, BV=config.block_v,
-        CHUNK=config.chunk_size, CK=caps.max_checkpoints, QK_L2NORM=caps.qk_l2norm,
-        DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(), FILL_ROWS=FILL_ROWS,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        binding.checkpoint_state_indices, *(ws[name] for name in STATE_WORKSPACES),
+        ws["ws_S"] if split else ws["ws_U"],
+        plan.error_code, binding.scale, binding.out.shape[0], meta_capacity, stride_slots,
+        H=H, K=K, V=K, BV=config.block_v, CHUNK=config.chunk_size, CK=caps.max_checkpoints,
+        DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(), SPLIT_OUTPUT=split,
+        FILL_ROWS=FILL_ROWS, num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    checkpoint_block_v = min(K, CHECKPOINT_BLOCK_V)
+    kda_checkpoint_kernel[(meta_capacity * caps.max_checkpoints, K // checkpoint_block_v, H)](
+        binding.k, binding.state_pool, binding.cu_seqlens, binding.num_seqs, ws["chunk_offsets"],
+        binding.checkpoint_offsets, binding.checkpoint_state_indices, ws["ws_G"], ws["ws_U"],
+        plan.error_code, stride_slots, H=H, K=K, V=K, BV=checkpoint_block_v,
+        CHUNK=config.chunk_size, CK=caps.max_checkpoints,
+        OPERAND_BF16=config.operand_dtype == "bfloat16", QK_L2NORM=caps.qk_l2norm,
+        DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(),
+        num_warps=config.prepare_warps,
+    )
+    if split:
+        block_v = min(K, OUTPUT_BLOCK_V)
+        kda_output_kernel[(bound_slots, K // block_v, H)](
+            binding.out, binding.cu_seqlens, binding.num_seqs, ws["chunk_offsets"],
+            ws["ws_QG"], ws["ws_Aqk"], ws["ws_U"], ws["ws_S"], plan.error_code, binding.scale,
+            stride_slots, H=H, K=K, V=K, BV=block_v, CHUNK=config.chunk_size,
+            DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(),
+            SEARCH_BLOCK=SEARCH_BLOCK, num_warps=config.prepare_warps,
+        )
+
+
+def _split_stage_one(binding, stride_slots: int, bound_slots: int) -> None:
+    """The split pipeline's stage 1: decay, blocks and solve kernels (prepare_blocks.py)."""
+    plan = binding.plan
+    caps, config, ws = plan.caps, plan.config, plan.workspaces
+    H, K = caps.num_heads, caps.head_dim
+    located = (binding.cu_seqlens, binding.num_seqs, ws["chunk_offsets"])
+    solve_columns = min(K, SOLVE_COLUMNS)
+    kda_chunk_decay_kernel[(bound_slots, H)](
+        binding.g, binding.A_log, binding.dt_bias, *located, plan.error_code, ws["ws_G"],
+        ws["ws_GL"], float(caps.lower_bound), stride_slots,
+        H=H, K=K, CHUNK=config.chunk_size, GATE=GATE_CODES[caps.gate], SEARCH_BLOCK=SEARCH_BLOCK,
+        num_warps=config.prepare_warps,
+    )
+    kda_chunk_blocks_kernel[(bound_slots, H, config.chunk_size // SUB_CHUNK)](
+        binding.q, binding.k, binding.beta, *located, plan.error_code, ws["ws_G"], ws["ws_QG"],
+        ws["ws_KD"], ws["ws_A"], ws["ws_Aqk"], stride_slots,
+        H=H, K=K, CHUNK=config.chunk_size, SUB=SUB_CHUNK, KS=min(K, KEY_SLICE),
+        QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
+        DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK, num_warps=BLOCKS_WARPS,
+    )
+    kda_chunk_solve_kernel[(bound_slots, H, 2 * K // solve_columns)](
+        binding.k, binding.v, binding.beta, *located, plan.error_code, ws["ws_G"], ws["ws_A"],
+        ws["ws_W"], ws["ws_U"], stride_slots,
+        H=H, K=K, V=K, CHUNK=config.chunk_size, SUB=SUB_CHUNK, BC=solve_columns,
+        QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
+        DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,
+        num_warps=config.prepare_warps,
     )

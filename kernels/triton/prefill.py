@@ -7,11 +7,19 @@ state S [K, BV] in registers. From stage 1's workspaces (see prepare.py):
     o = scale (qg S + Aqk delta),  qg = q exp(G)
     S <- exp(G_last) S + kd^T delta,  kd = k exp(G_last - G) (stored transposed)
 
+The fused pipeline computes o in the loop. The split one (SPLIT_OUTPUT) keeps only the state
+chain there, storing each chunk's start state (as the dots take it) and delta (over U), and
+kda_output_kernel computes o for every chunk in parallel.
+
 A checkpoint at in-chunk position p < CHUNK is the same update truncated to the chunk's first p
-tokens (from G and k), finished after the loop; one at p == CHUNK is the chunk-end state itself,
-so chunk-aligned checkpoints equal, bit for bit, the final state of a run over the prefix. The chunk mirror in kdabench.oracles spells out the
-same algorithm in plain torch. On a non-zero error code the program only poisons its share
-of the output with NaN and never touches the pool.
+tokens (from G and k): the pass leaves the chunk-start state in the checkpoint's slot and the
+chunk's delta in ws_U, and kda_checkpoint_kernel finishes every such checkpoint in parallel after
+it (a tail in the pass would lengthen every program and its register budget, the export
+overhead); one at p == CHUNK is the chunk-end state itself,
+so chunk-aligned checkpoints equal, bit for bit, the final state of a run over the prefix. The
+chunk mirror in kdabench.oracles spells out the same algorithm in plain torch. On a non-zero
+error code the program only poisons its share of the output with NaN and never touches the
+pool.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import load_keys, mma, pool_tile, row_of
+from .common import chunk_of, load_keys, mma, pool_tile, row_of
 
 
 @triton.jit
@@ -36,56 +44,54 @@ def _fill_nan(out, n, iv, h, token_capacity, meta_capacity,
 
 
 @triton.jit
-def _stage_checkpoints(pool, ws_U, state, new_state, delta, ck_off, ck_idx, n, ws_rows, start, h,
-                       rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       CHUNK: tl.constexpr, CK: tl.constexpr):
-    """In the loop, for each checkpoint in this chunk: at the chunk's end, write the state; inside
-    it, write the chunk-start state to its slot and the chunk's delta over U (read by no one
-    else), for _finish_checkpoints. Rolled and light: heavy work here spills the loop."""
-    for c in range(CK):
+def _stage_interior(pool, ws_U, state, delta, ck_off, ck_idx, n, ws_rows, start, h, rk, rv,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr,
+                    CK: tl.constexpr, DELTA_STORED: tl.constexpr):
+    """For each checkpoint strictly inside this chunk: the chunk-start state to its slot and
+    (unless the split pass stored it already) the chunk's delta over U (read by no one else),
+    for kda_checkpoint_kernel. Called before the state update, so the old state's registers are
+    free again by then. The checkpoint loops here are unrolled (static_range): rolled, they cost
+    capacity 4 30-50% more instructions per chunk than capacity 1 even where no checkpoint falls
+    (sm_90 SASS), the export overhead's main part."""
+    for c in tl.static_range(CK):
         offset = tl.load(ck_off + n * CK + c).to(tl.int64)
         slot = tl.load(ck_idx + n * CK + c).to(tl.int64)
-        if (slot >= 0) & (offset > start) & (offset <= start + CHUNK):
-            if offset == start + CHUNK:
-                tl.store(pool_tile(pool, slot, h, rk, rv, H, K, V), new_state)
-            else:
-                tl.store(pool_tile(pool, slot, h, rk, rv, H, K, V), state)
+        if (slot >= 0) & (offset > start) & (offset < start + CHUNK):
+            tl.store(pool_tile(pool, slot, h, rk, rv, H, K, V), state)
+            if not DELTA_STORED:
                 tl.store(ws_U + ws_rows[:, None] * V + rv[None, :], delta)
 
 
 @triton.jit
-def _finish_checkpoints(k, pool, ws_G, ws_U, ck_off, ck_idx, n, bos, chunk_row0, h, rk, rv, rc,
-                        OPERAND: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
-                        V: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr,
-                        QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                        UPCAST_DOTS: tl.constexpr):
-    """After the loop, each checkpoint strictly inside a chunk: the chunk's update truncated to
-    its first p tokens, exp(G_p) S_start + (k exp(G_p - G))[:p]^T delta[:p]."""
-    for c in range(CK):
-        offset = tl.load(ck_off + n * CK + c).to(tl.int64)
+def _slot_at(ck_off, ck_idx, n, offset, CK: tl.constexpr):
+    """The slot of sequence n's active checkpoint at `offset`, -1 when none."""
+    found = tl.full((), -1, tl.int64)
+    for c in tl.static_range(CK):
         slot = tl.load(ck_idx + n * CK + c).to(tl.int64)
-        if (slot >= 0) & (offset % CHUNK != 0):
-            start = offset // CHUNK * CHUNK
-            p = offset - start
-            ws_rows = chunk_row0 + start + rc
-            G = tl.load(ws_G + ws_rows[:, None] * K + rk[None, :])
-            kk = load_keys(k, (bos + start + rc) * H + h, rk, rc < p, K, QK_L2NORM)
-            Gp = row_of(G, rc, p - 1)
-            kp = kk * tl.exp(tl.minimum(Gp[None, :] - G, 0.0))
-            delta = tl.load(ws_U + ws_rows[:, None] * V + rv[None, :]).to(OPERAND)
-            tile = pool_tile(pool, slot, h, rk, rv, H, K, V)
-            partial = tl.exp(Gp)[:, None] * tl.load(tile)
-            partial += mma(tl.trans(kp.to(OPERAND)), delta, DOT_PRECISION, UPCAST_DOTS)
-            tl.store(tile, partial)
+        hit = (slot >= 0) & (tl.load(ck_off + n * CK + c).to(tl.int64) == offset)
+        found = tl.where(hit, slot, found)
+    return found
+
+
+@triton.jit
+def _next_checkpoint(ck_off, ck_idx, n, after, none_offset, CK: tl.constexpr):
+    """The smallest active checkpoint offset of sequence n above `after` (`none_offset` when
+    none), from scalar loads: the loop's one test per chunk, with no reduction across threads."""
+    nearest = none_offset
+    for c in tl.static_range(CK):
+        offset = tl.load(ck_off + n * CK + c).to(tl.int64)
+        active = (tl.load(ck_idx + n * CK + c) >= 0) & (offset > after)
+        nearest = tl.where(active & (offset < nearest), offset, nearest)
+    return nearest
 
 
 @triton.jit
 def _state_pass(
-    k, out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-    ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, scale, num_chunk_slots, n, iv, h,
+    out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
+    ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, scale, num_chunk_slots, n, iv, h,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    CHUNK: tl.constexpr, CK: tl.constexpr, QK_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr,
+    CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
 ):
     bos = tl.load(cu_seqlens + n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
@@ -93,48 +99,44 @@ def _state_pass(
     rk = tl.arange(0, K)
     rv = iv * BV + tl.arange(0, BV)
     rc = tl.arange(0, CHUNK)
-    rck = tl.arange(0, CK)
 
     init_slot = tl.load(init_idx + n).to(tl.int64)
     has_init = (rk[:, None] * 0 + rv[None, :] * 0 + init_slot) >= 0  # full mask for the interpreter
     state = tl.load(pool_tile(pool, tl.maximum(init_slot, 0), h, rk, rv, H, K, V),
                     mask=has_init, other=0.0)
-    ck_offsets = tl.load(ck_off + n * CK + rck).to(tl.int64)
-    ck_slots = tl.load(ck_idx + n * CK + rck).to(tl.int64)
+    beyond = seqlen + CHUNK  # an offset no chunk reaches
+    next_checkpoint = _next_checkpoint(ck_off, ck_idx, n, 0, beyond, CK)
 
     for start in range(0, seqlen, CHUNK):
-        tmask = start + rc < seqlen
-        rows = (bos + start + rc) * H + h
         gl_row = h * num_chunk_slots + first_chunk + start // CHUNK
         ws_rows = gl_row * CHUNK + rc
         W = tl.load(ws_W + ws_rows[:, None] * K + rk[None, :])
-        qg = tl.load(ws_QG + ws_rows[:, None] * K + rk[None, :])
         kd_t = tl.load(ws_KD + gl_row * CHUNK * K + rk[:, None] * CHUNK + rc[None, :])
         U = tl.load(ws_U + ws_rows[:, None] * V + rv[None, :])
-        Aqk = tl.load(ws_Aqk + ws_rows[:, None] * CHUNK + rc[None, :])
         decay = tl.load(ws_GL + gl_row * K + rk)
 
         held = state.to(W.dtype)  # the dots' operand: fp32 (tf32 dots) or bf16
         delta = U - mma(W, held, DOT_PRECISION, UPCAST_DOTS)
         step = delta.to(W.dtype)
-        o = scale * (mma(qg, held, DOT_PRECISION, UPCAST_DOTS)
-                     + mma(Aqk, step, DOT_PRECISION, UPCAST_DOTS))
-        tl.store(out + rows[:, None] * V + rv[None, :], o.to(out.dtype.element_ty),
-                 mask=tmask[:, None])
-        new_state = decay[:, None] * state
-        new_state += mma(kd_t, step, DOT_PRECISION, UPCAST_DOTS)
-
-        hits = (ck_slots >= 0) & (ck_offsets > start) & (ck_offsets <= start + CHUNK)
-        if tl.sum(hits.to(tl.int32), axis=0) > 0:
-            _stage_checkpoints(pool, ws_U, state, new_state, delta, ck_off, ck_idx, n, ws_rows,
-                               start, h, rk, rv, H, K, V, CHUNK, CK)
-        state = new_state
-
-    tl.debug_barrier()
-    _finish_checkpoints(k, pool, ws_G, ws_U, ck_off, ck_idx, n, bos,
-                        (h * num_chunk_slots + first_chunk) * CHUNK, h, rk, rv, rc,
-                        ws_W.dtype.element_ty, H, K, V, CHUNK, CK, QK_L2NORM, DOT_PRECISION,
-                        UPCAST_DOTS)
+        if SPLIT_OUTPUT:
+            tl.store(ws_S + (gl_row * K + rk[:, None]) * V + rv[None, :], held)
+            tl.store(ws_U + ws_rows[:, None] * V + rv[None, :], delta)
+        else:
+            qg = tl.load(ws_QG + ws_rows[:, None] * K + rk[None, :])
+            Aqk = tl.load(ws_Aqk + ws_rows[:, None] * CHUNK + rc[None, :])
+            o = scale * (mma(qg, held, DOT_PRECISION, UPCAST_DOTS)
+                         + mma(Aqk, step, DOT_PRECISION, UPCAST_DOTS))
+            tl.store(out + ((bos + start + rc) * H + h)[:, None] * V + rv[None, :],
+                     o.to(out.dtype.element_ty), mask=(start + rc < seqlen)[:, None])
+        if next_checkpoint < start + CHUNK:
+            _stage_interior(pool, ws_U, state, delta, ck_off, ck_idx, n, ws_rows, start, h, rk,
+                            rv, H, K, V, CHUNK, CK, SPLIT_OUTPUT)
+        state = decay[:, None] * state + mma(kd_t, step, DOT_PRECISION, UPCAST_DOTS)
+        if next_checkpoint <= start + CHUNK:
+            end_slot = _slot_at(ck_off, ck_idx, n, start + CHUNK, CK)
+            if end_slot >= 0:
+                tl.store(pool_tile(pool, end_slot, h, rk, rv, H, K, V), state)
+            next_checkpoint = _next_checkpoint(ck_off, ck_idx, n, start + CHUNK, beyond, CK)
 
     final_slot = tl.load(final_idx + n).to(tl.int64)
     if final_slot >= 0:
@@ -143,12 +145,12 @@ def _state_pass(
 
 @triton.jit
 def kda_state_pass_kernel(
-    k, out, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
-    ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, err_ptr,
+    out, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
+    ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, err_ptr,
     scale, token_capacity, meta_capacity, num_chunk_slots,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    CHUNK: tl.constexpr, CK: tl.constexpr, QK_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr, FILL_ROWS: tl.constexpr,
+    CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, FILL_ROWS: tl.constexpr,
 ):
     n = tl.program_id(0)
     iv = tl.program_id(1)
@@ -157,7 +159,77 @@ def kda_state_pass_kernel(
         _fill_nan(out, n, iv, h, token_capacity, meta_capacity, H, V, BV, FILL_ROWS)
     elif n < tl.load(num_seqs_ptr):
         _state_pass(
-            k, out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-            ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, scale, num_chunk_slots, n, iv, h,
-            H, K, V, BV, CHUNK, CK, QK_L2NORM, DOT_PRECISION, UPCAST_DOTS,
+            out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
+            ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, scale, num_chunk_slots, n,
+            iv, h, H, K, V, BV, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT,
         )
+
+
+@triton.jit
+def kda_output_kernel(
+    out, cu_seqlens, num_seqs_ptr, chunk_offsets, ws_QG, ws_Aqk, ws_U, ws_S, err_ptr, scale,
+    num_chunk_slots, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr,
+    SEARCH_BLOCK: tl.constexpr,
+):
+    """The split pipeline's output, one program per (chunk, V block, head): o = scale (qg S +
+    Aqk delta) from the chunk-start state S and delta the state pass stored."""
+    c = tl.program_id(0)
+    iv = tl.program_id(1)
+    h = tl.program_id(2)
+    live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
+                                        CHUNK, SEARCH_BLOCK)
+    if live:
+        rk = tl.arange(0, K)
+        rv = iv * BV + tl.arange(0, BV)
+        rc = tl.arange(0, CHUNK)
+        gl_row = h * num_chunk_slots + c.to(tl.int64)
+        ws_rows = gl_row * CHUNK + rc
+        qg = tl.load(ws_QG + ws_rows[:, None] * K + rk[None, :])
+        held = tl.load(ws_S + (gl_row * K + rk[:, None]) * V + rv[None, :])
+        Aqk = tl.load(ws_Aqk + ws_rows[:, None] * CHUNK + rc[None, :])
+        step = tl.load(ws_U + ws_rows[:, None] * V + rv[None, :]).to(qg.dtype)
+        o = scale * (mma(qg, held, DOT_PRECISION, UPCAST_DOTS)
+                     + mma(Aqk, step, DOT_PRECISION, UPCAST_DOTS))
+        rows = (bos + start + rc) * H + h
+        tl.store(out + rows[:, None] * V + rv[None, :], o.to(out.dtype.element_ty),
+                 mask=(start + rc < seqlen)[:, None])
+
+
+@triton.jit
+def kda_checkpoint_kernel(
+    k, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, ck_off, ck_idx, ws_G, ws_U, err_ptr,
+    num_chunk_slots, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    CHUNK: tl.constexpr, CK: tl.constexpr, OPERAND_BF16: tl.constexpr,
+    QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr,
+):
+    """After the state pass, one program per (checkpoint, V block, head): a checkpoint strictly
+    inside a chunk becomes the chunk's update truncated to its first p tokens,
+    exp(G_p) S_start + (k exp(G_p - G))[:p]^T delta[:p], from the chunk-start state the pass
+    left in its slot and the chunk's delta in ws_U."""
+    w = tl.program_id(0)
+    iv = tl.program_id(1)
+    h = tl.program_id(2)
+    n = w // CK
+    if (tl.load(err_ptr) == 0) & (n < tl.load(num_seqs_ptr)):
+        offset = tl.load(ck_off + w).to(tl.int64)
+        slot = tl.load(ck_idx + w).to(tl.int64)
+        if (slot >= 0) & (offset % CHUNK != 0):
+            operand = tl.bfloat16 if OPERAND_BF16 else tl.float32
+            bos = tl.load(cu_seqlens + n).to(tl.int64)
+            start = offset // CHUNK * CHUNK
+            p = offset - start
+            rk = tl.arange(0, K)
+            rv = iv * BV + tl.arange(0, BV)
+            rc = tl.arange(0, CHUNK)
+            first_chunk = tl.load(chunk_offsets + n).to(tl.int64)
+            ws_rows = (h * num_chunk_slots + first_chunk) * CHUNK + start + rc
+            G = tl.load(ws_G + ws_rows[:, None] * K + rk[None, :])
+            kk = load_keys(k, (bos + start + rc) * H + h, rk, rc < p, K, QK_L2NORM)
+            Gp = row_of(G, rc, p - 1)
+            kp = kk * tl.exp(tl.minimum(Gp[None, :] - G, 0.0))
+            delta = tl.load(ws_U + ws_rows[:, None] * V + rv[None, :]).to(operand)
+            tile = pool_tile(pool, slot, h, rk, rv, H, K, V)
+            partial = tl.exp(Gp)[:, None] * tl.load(tile)
+            partial += mma(tl.trans(kp.to(operand)), delta, DOT_PRECISION, UPCAST_DOTS)
+            tl.store(tile, partial)

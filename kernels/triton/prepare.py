@@ -25,22 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import load_keys, load_log_decay, locate_chunk, row_of
-
-
-@triton.jit
-def unit_lower_inverse(M, SUB: tl.constexpr):
-    """(I + M)^-1 for strictly lower-triangular M [16, 16]: M is nilpotent (M^16 = 0), so
-    (I + M)^-1 = (I - M)(I + M^2)(I + M^4)(I + M^8), six small fp32 products."""
-    tl.static_assert(SUB == 16, "the squaring inverse needs M^16 = 0 and 16-wide dots")
-    rs = tl.arange(0, SUB)
-    eye = tl.where(rs[:, None] == rs[None, :], 1.0, 0.0)
-    M2 = tl.dot(M, M, input_precision="ieee")
-    M4 = tl.dot(M2, M2, input_precision="ieee")
-    M8 = tl.dot(M4, M4, input_precision="ieee")
-    inv = tl.dot(eye - M, eye + M2, input_precision="ieee")
-    inv = tl.dot(inv, eye + M4, input_precision="ieee")
-    return tl.dot(inv, eye + M8, input_precision="ieee")
+from .common import chunk_of, load_keys, load_log_decay, row_of, unit_lower_inverse
 
 
 @triton.jit
@@ -136,21 +121,17 @@ def kda_chunk_prepare_kernel(
 ):
     c = tl.program_id(0)
     h = tl.program_id(1)
-    num_seqs = tl.load(num_seqs_ptr)
-    if tl.load(err_ptr) == 0:
-        n = locate_chunk(chunk_offsets, num_seqs, c, SEARCH_BLOCK)
-        if n < num_seqs:
-            bos = tl.load(cu_seqlens + n).to(tl.int64)
-            seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
-            start = (c - tl.load(chunk_offsets + n)).to(tl.int64) * CHUNK
-            gl_row = h * num_chunk_slots + c.to(tl.int64)
-            chunk_row0 = gl_row * CHUNK
-            G_last = _cumulative_decay(g, a_log, dt_bias, ws_G, ws_GL, bos, start, seqlen,
-                                       chunk_row0, gl_row, h, lower_bound, H, K, CHUNK, SUB,
-                                       GATE)
+    live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
+                                        CHUNK, SEARCH_BLOCK)
+    if live:
+        gl_row = h * num_chunk_slots + c.to(tl.int64)
+        chunk_row0 = gl_row * CHUNK
+        G_last = _cumulative_decay(g, a_log, dt_bias, ws_G, ws_GL, bos, start, seqlen,
+                                   chunk_row0, gl_row, h, lower_bound, H, K, CHUNK, SUB,
+                                   GATE)
+        tl.debug_barrier()
+        for I in range(CHUNK // SUB):
+            _sub_block(q, k, v, beta, ws_G, ws_QG, ws_KD, ws_W, ws_U, ws_Aqk, G_last, bos,
+                       start, seqlen, chunk_row0, h, I, H, K, V, CHUNK, SUB, QK_L2NORM,
+                       BETA_SIGMOID, DOT_PRECISION)
             tl.debug_barrier()
-            for I in range(CHUNK // SUB):
-                _sub_block(q, k, v, beta, ws_G, ws_QG, ws_KD, ws_W, ws_U, ws_Aqk, G_last, bos,
-                           start, seqlen, chunk_row0, h, I, H, K, V, CHUNK, SUB, QK_L2NORM,
-                           BETA_SIGMOID, DOT_PRECISION)
-                tl.debug_barrier()

@@ -98,7 +98,10 @@ def kda_validate_kernel(
                 prev = tl.where(act_c, tl.maximum(prev, off_c), prev)
         tl.store(chunk_offsets + num_seqs, chunks_before)
         # Every active write destination distinct, and none on another sequence's initial slot.
+        # Clashes accumulate elementwise and are reduced once: a reduction (and branch) per block
+        # pair would serialise the loads, which dominate this program at many sequences.
         num_writes = num_seqs * (1 + CK)
+        clash = tl.zeros((BLOCK, BLOCK), dtype=tl.int32)
         for a0 in range(0, num_writes, BLOCK):
             wa = a0 + rb
             slot_a, owner_a = _write_slot(final_idx, ck_idx, wa, num_seqs, CK)
@@ -106,14 +109,12 @@ def kda_validate_kernel(
                 wb = b0 + rb
                 slot_b, _ = _write_slot(final_idx, ck_idx, wb, num_seqs, CK)
                 same = (slot_a[:, None] == slot_b[None, :]) & (slot_a[:, None] >= 0)
-                same = same & (wa[:, None] != wb[None, :])
-                if _any(tl.reshape(same, (BLOCK * BLOCK,))):
-                    err = err | DUPLICATE_WRITE_SLOT
+                clash = clash | (same & (wa[:, None] != wb[None, :])).to(tl.int32)
             for m0 in range(0, num_seqs, BLOCK):
                 m = m0 + rb
                 init_m = tl.load(init_idx + m, mask=m < num_seqs, other=-1).to(tl.int64)
                 alias = (slot_a[:, None] == init_m[None, :]) & (slot_a[:, None] >= 0)
-                alias = alias & (owner_a[:, None] != m[None, :])
-                if _any(tl.reshape(alias, (BLOCK * BLOCK,))):
-                    err = err | DUPLICATE_WRITE_SLOT
+                clash = clash | (alias & (owner_a[:, None] != m[None, :])).to(tl.int32)
+        if _any(tl.reshape(clash, (BLOCK * BLOCK,))):
+            err = err | DUPLICATE_WRITE_SLOT
     tl.store(err_ptr, err)

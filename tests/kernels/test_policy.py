@@ -118,8 +118,9 @@ def test_query_from_caps():
     ({"num_stages": 0}, "num_stages 0 must be >= 1"),
     ({"chunk_size": 24}, "chunk_size 24 must be a multiple of 16"),
     ({"dot_precision": "fp8"}, "dot_precision 'fp8' must be one of"),
+    ({"pipeline": "both"}, "pipeline 'both' must be one of ('fused', 'split')"),
 ], ids=["block-v-48", "block-v-256", "block-v-8", "warps-3", "prepare-warps-32", "stages-0",
-        "chunk-24", "precision"])
+        "chunk-24", "precision", "pipeline"])
 def test_config_problems_name_the_field(changes, fragment):
     problems = config_problems(dataclasses.replace(KernelConfig(), **changes), 128)
     assert len(problems) == 1 and fragment in problems[0]

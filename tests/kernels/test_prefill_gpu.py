@@ -2,7 +2,8 @@
 
 (a) outputs, final states and each of four exported states against the float64 recurrence
     (computed on the GPU) on 13 shapes up to T = 65536, H 4..64, 1..64 sequences, and no
-    worse than 1.5x fla's chunk_kda on the same inputs (those tests skip without fla);
+    worse than 1.5x fla's chunk_kda on the same inputs (those tests skip without fla); both
+    pipelines (fused, split) under explicit bf16 configs at chunks 16 and 64;
 (b) exported states at chunk-aligned offsets equal, bit for bit, the final state of a separate
     kernel run over the prefix; unaligned ones lie within the state tolerance of it;
 (c) every fault class leaves the whole pool torch.equal to its copy, sets its bit, NaNs the output;
@@ -34,7 +35,7 @@ import pytest
 import torch
 
 from kdabench.inputs import make_inputs
-from kdabench.kernels import Caps, MetadataFault, bind, kda_prefill, plan, run
+from kdabench.kernels import Caps, KernelConfig, MetadataFault, bind, kda_prefill, plan, run
 from kdabench.kernels.config import CHUNK_SIZE
 from kdabench.oracles import assert_close, log_decay, prefix_batch, recurrent_kda, relative_error
 
@@ -183,6 +184,15 @@ def live_inputs(x, call: Call) -> tuple[torch.Tensor, ...]:
 def measured(case_id: str) -> dict[str, float | int | str]:
     """Kernel errors against float64 for one case; computed once, recorded in ERRORS."""
     x, call, pool, o = run_case(case_id)
+    errors, ref = errors_against_float64(x, call, pool, o)
+    REFERENCES[case_id] = (ref.o, ref.final_state)
+    ERRORS[case_id] = errors
+    return errors
+
+
+def errors_against_float64(x, call: Call, pool: torch.Tensor, o: torch.Tensor):
+    """Relative errors of o, the finals and each checkpoint column against the float64
+    recurrence, and counts of rows left unwritten or written past the live tokens."""
     live = call.cu_seqlens[-1]
     n = len(call.lengths)
     ref = recurrent_kda(*live_inputs(x, call), cu_seqlens=call.cu_seqlens,
@@ -199,9 +209,15 @@ def measured(case_id: str) -> dict[str, float | int | str]:
         expected = torch.stack([ref.prefix_states[m][c] for m in having])
         got = torch.stack([pool[call.ck_slots[m][c]] for m in having])
         errors[f"checkpoint_{c}"] = relative_error(expected, got)
-    REFERENCES[case_id] = (ref.o, ref.final_state)
-    ERRORS[case_id] = errors
-    return errors
+    return errors, ref
+
+
+def tolerance_failures(errors: dict[str, float | int | str]) -> list[str]:
+    """What of `errors` exceeds the output and state tolerances (empty when all hold)."""
+    return [f"{name} {errors[name]:.3e} > {tol:.0e}" for name, tol in
+            [("o", OUTPUT_TOL), ("final", STATE_TOL),
+             *((f"checkpoint_{c}", STATE_TOL) for c in range(CAPACITY))]
+            if not errors[name] <= tol]
 
 
 def fla_errors(case_id: str) -> dict[str, float | str]:
@@ -261,11 +277,36 @@ def test_accuracy_against_float64(case_id):
     errors = measured(case_id)
     assert errors["unwritten_rows"] == 0, f"{errors['unwritten_rows']} live rows never written"
     assert errors["written_past_live"] == 0, "rows past the live tokens were written"
-    failures = [f"{name} {errors[name]:.3e} > {tol:.0e}" for name, tol in
-                [("o", OUTPUT_TOL), ("final", STATE_TOL),
-                 *((f"checkpoint_{c}", STATE_TOL) for c in range(CAPACITY))]
-                if not errors[name] <= tol]
+    failures = tolerance_failures(errors)
     assert not failures, f"{case_id}: " + "; ".join(failures)
+
+
+@pytest.mark.parametrize("pipeline", ["fused", "split"])
+@pytest.mark.parametrize("chunk_size", [16, 64])
+def test_pipelines_against_float64(pipeline, chunk_size):
+    """Each pipeline under an explicit config (bf16 operands, as the H200 profile picks), on a
+    ragged 64-sequence batch with four checkpoints each, against the float64 recurrence."""
+    case_id = "T8192-N64-H16-K128-ragged"
+    _, lengths, heads, dim, _, _, index_dtype, seed = CASES_BY_ID[case_id]
+    x = case_inputs(case_id)
+    call = Call(lengths, seed, index_dtype)
+    pool = torch.zeros(call.num_slots, heads, dim, dim, device=DEVICE)
+    pool[: len(lengths)] = x.initial_state[: len(lengths)]
+    caps = Caps(device=DEVICE, num_heads=heads, head_dim=dim, max_tokens=x.q.shape[0],
+                max_seqs=len(lengths), max_state_slots=call.num_slots,
+                max_checkpoints=CAPACITY)
+    config = KernelConfig(chunk_size=chunk_size, block_v=16, num_stages=2,
+                          operand_dtype="bfloat16", pipeline=pipeline)
+    binding = bind(plan(caps, config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                   **call.tensors())
+    binding.out.fill_(SENTINEL)
+    result = run(binding)
+    assert int(result.error_code) == 0, result.message()
+    errors, _ = errors_against_float64(x, call, pool, result.o)
+    ERRORS[f"{case_id}-{pipeline}-c{chunk_size}"] = errors
+    assert errors["unwritten_rows"] == 0 and errors["written_past_live"] == 0
+    failures = tolerance_failures(errors)
+    assert not failures, f"{pipeline} c{chunk_size}: " + "; ".join(failures)
 
 
 @pytest.mark.parametrize("case_id", list(CASES_BY_ID))

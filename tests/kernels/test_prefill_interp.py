@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kdabench.inputs import lengths_with_edges, make_inputs
-from kdabench.kernels import Caps, bind, kda_prefill, plan, run
+from kdabench.kernels import Caps, KernelConfig, bind, kda_prefill, plan, run
 from kdabench.oracles import assert_close, prefix_batch, recurrent_kda
 
 OUTPUT_TOL = 5e-3  # bf16 outputs (the interpreter truncates fp32 -> bf16: ~3.3e-3 measured)
@@ -275,3 +275,32 @@ def test_planned_binding_reused_with_new_metadata(seed):
         check_against_oracle(x, live_meta, pool_before, pool, result.o)
         rest = result.o[live_meta.cu_seqlens[-1]:]
         assert bool((rest == SENTINEL).all()), "rows past the live tokens were written"
+
+
+@pytest.mark.parametrize("pipeline", ["fused", "split"])
+@pytest.mark.parametrize("chunk_size, block_v, fused_norms", [
+    (16, 16, False), (32, 32, True), (64, 16, False), (64, 64, True)],
+    ids=["c16-bv16", "c32-bv32-l2norm", "c64-bv16", "c64-bv64-l2norm"])
+def test_kernel_configs_match_recurrent_oracle(pipeline, chunk_size, block_v, fused_norms, seed):
+    """Each pipeline at each chunk size (one, two and four 16-token sub-blocks in stage 1) and V
+    block, on sequences spanning several chunks, a partial last chunk and checkpoints inside
+    chunks, against the float64 recurrence."""
+    lengths, heads, dim = [150, 5, 64], 2, 64
+    checkpoints = [[1, 63, 64, 100], [N_, 4, N_, N_], [16, N_, 48, 63]]
+    x = make_inputs(lengths, heads, dim, gate="softplus", qk_l2norm=fused_norms,
+                    beta_sigmoid=fused_norms, seed=seed % 1000)
+    meta, num_slots = lay_out(lengths, checkpoints, capacity=4, seed=seed)
+    pool = make_pool(meta, num_slots, x, seed)
+    pool_before = pool.clone()
+    caps = Caps(device="cpu", num_heads=heads, head_dim=dim, max_tokens=sum(lengths),
+                max_seqs=len(lengths), max_state_slots=num_slots, max_checkpoints=4,
+                gate="softplus", qk_l2norm=fused_norms, beta_sigmoid=fused_norms)
+    config = KernelConfig(chunk_size=chunk_size, block_v=block_v, pipeline=pipeline)
+    planned = plan(caps, config)
+    assert ("ws_S" in planned.workspaces) == (pipeline == "split")
+    binding = bind(planned, x.q, x.k, x.v, x.g, x.beta, state_pool=pool, A_log=x.A_log,
+                   dt_bias=x.dt_bias, **meta.tensors(torch.int32, vector=False))
+    binding.out.fill_(SENTINEL)
+    result = run(binding)
+    assert int(result.error_code) == 0, result.message()
+    check_against_oracle(x, meta, pool_before, pool, result.o)

@@ -44,8 +44,13 @@ def test_the_rule_refuses_with_reasons():
         assert shared_memory_estimate(config, 128) <= shared_memory_budget()
 
 
-def test_the_default_grid_times_some_and_refuses_some():
+def test_the_default_grid_times_every_combination_and_the_heuristic():
     queries = load_queries(None)
     found = candidates(queries.queries[0], queries.grid)
-    assert len(found.configs) > 4 and found.refused
-    assert len(found.configs) == len(set(found.configs))
+    combinations = 1
+    for values in queries.grid.values():
+        combinations *= len(values)
+    assert not found.refused  # bf16 operands fit every combination in the CPU budget
+    assert found.configs[0] == found.heuristic not in found.configs[1:]
+    assert len(found.configs) == 1 + combinations == len(set(found.configs))
+    assert {c.pipeline for c in found.configs} == {"fused", "split"}

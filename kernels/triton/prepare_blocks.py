@@ -1,0 +1,243 @@
+"""Stage 1 of the split pipeline: the chunk's WY form (see prepare.py for the algebra and the
+anchoring) from three kernels that are parallel within a chunk too.
+
+- kda_chunk_decay_kernel, one program per (chunk, head): G and exp(G_last).
+- kda_chunk_blocks_kernel, one program per (chunk, head, row sub-block I): qg = q exp(G),
+  kd = k exp(G_last - G) (stored transposed, [K, CHUNK] per chunk), the Aqk rows of I, and row
+  block I of the solve's matrix: M_IJ for J < I and (I + M_II)^-1 (repeated squaring) in place
+  of the diagonal block. Products over K accumulate KS columns at a time: a [16, K] operand
+  pair of a 16 x 16 dot is replicated in every warp, so whole-K tiles take all registers, and
+  the launch gives it few warps (launch.BLOCKS_WARPS): more would repeat the same work.
+- kda_chunk_solve_kernel, one program per (chunk, head, column block of W or U): block forward
+  substitution X_I = (I + M_II)^-1 (B_I - sum_{J < I} M_IJ X_J) with the sub-blocks in
+  registers.
+
+They fill the same workspaces as kda_chunk_prepare_kernel, plus ws_A (the solve's matrix).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import chunk_of, load_keys, load_log_decay, row_of, unit_lower_inverse
+
+
+@triton.jit
+def kda_chunk_decay_kernel(
+    g, a_log, dt_bias, cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, ws_G, ws_GL,
+    lower_bound, num_chunk_slots, H: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
+    GATE: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+):
+    """G, the in-chunk cumulative log decay, and exp(G_last), per (chunk, head)."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
+                                         CHUNK, SEARCH_BLOCK)
+    if live:
+        rc = tl.arange(0, CHUNK)
+        rk = tl.arange(0, K)
+        gl_row = h * num_chunk_slots + c.to(tl.int64)
+        gg = load_log_decay(g, a_log, dt_bias, (bos + start + rc) * H + h, rk,
+                            start + rc < seqlen, h, lower_bound, K, GATE)
+        G = tl.cumsum(gg, axis=0)
+        tl.store(ws_G + (gl_row * CHUNK + rc)[:, None] * K + rk[None, :], G)
+        tl.store(ws_GL + gl_row * K + rk, tl.exp(row_of(G, rc, CHUNK - 1)))
+
+
+@triton.jit
+def _inverse_norms(x, rows, rk, tmask, K: tl.constexpr, L2NORM: tl.constexpr):
+    """1 / ||x row|| per row (ones without L2NORM), so K slices can be normalised one by one."""
+    if L2NORM:
+        full = load_keys(x, rows, rk, tmask, K, False)
+        return tl.rsqrt(tl.sum(full * full, axis=1) + 1e-6)
+    return tl.where(tmask, 1.0, 1.0)
+
+
+@triton.jit
+def _key_slice(x, norms, rows, cols, tmask, K: tl.constexpr):
+    """Columns `cols` of q or k rows in fp32, normalised by `norms`."""
+    xx = tl.load(x + rows[:, None] * K + cols[None, :], mask=tmask[:, None], other=0.0)
+    return xx.to(tl.float32) * norms[:, None]
+
+
+@triton.jit
+def kda_chunk_blocks_kernel(
+    q, k, beta, cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr,
+    ws_G, ws_QG, ws_KD, ws_A, ws_Aqk, num_chunk_slots,
+    H: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
+    KS: tl.constexpr, QK_L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+):
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    I = tl.program_id(2)
+    live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
+                                         CHUNK, SEARCH_BLOCK)
+    if live:
+        rs = tl.arange(0, SUB)
+        rk = tl.arange(0, K)
+        gl_row = h * num_chunk_slots + c.to(tl.int64)
+        chunk_row0 = gl_row * CHUNK
+        local = I * SUB + rs
+        tmask = start + local < seqlen
+        rows = (bos + start + local) * H + h
+        ws_rows = chunk_row0 + local
+        k_norms = _inverse_norms(k, rows, rk, tmask, K, QK_L2NORM)
+        q_norms = _inverse_norms(q, rows, rk, tmask, K, QK_L2NORM)
+        bb = tl.load(beta + rows, mask=tmask, other=0.0).to(tl.float32)
+        if BETA_SIGMOID:
+            bb = tl.where(tmask, tl.sigmoid(bb), 0.0)
+
+        M = tl.zeros((SUB, SUB), tl.float32)
+        Aqk = tl.zeros((SUB, SUB), tl.float32)
+        for s in range(K // KS):
+            cols = s * KS + tl.arange(0, KS)
+            G = tl.load(ws_G + ws_rows[:, None] * K + cols[None, :])
+            G_last = tl.load(ws_G + (chunk_row0 + CHUNK - 1) * K + cols)
+            G_anchor = tl.load(ws_G + (chunk_row0 + I * SUB) * K + cols)
+            kk = _key_slice(k, k_norms, rows, cols, tmask, K)
+            qq = _key_slice(q, q_norms, rows, cols, tmask, K)
+            tl.store(ws_QG + ws_rows[:, None] * K + cols[None, :],
+                     (qq * tl.exp(G)).to(ws_QG.dtype.element_ty))
+            tl.store(ws_KD + chunk_row0 * K + cols[None, :] * CHUNK + local[:, None],
+                     (kk * tl.exp(G_last[None, :] - G)).to(ws_KD.dtype.element_ty))
+            k_up = kk * tl.exp(G_anchor[None, :] - G)
+            M += tl.dot(kk * tl.exp(G - G_anchor[None, :]), tl.trans(k_up),
+                        input_precision=DOT_PRECISION)
+            Aqk += tl.dot(qq * tl.exp(G - G_anchor[None, :]), tl.trans(k_up),
+                          input_precision=DOT_PRECISION)
+        a_rows = ws_A + ws_rows[:, None] * CHUNK
+        aqk_rows = ws_Aqk + ws_rows[:, None] * CHUNK
+        M = tl.where(rs[:, None] > rs[None, :], M * bb[:, None], 0.0)
+        tl.store(a_rows + local[None, :], unit_lower_inverse(M, SUB))
+        Aqk = tl.where(rs[:, None] >= rs[None, :], Aqk, 0.0)
+        tl.store(aqk_rows + local[None, :], Aqk.to(ws_Aqk.dtype.element_ty))
+
+        for J in range(I):
+            cols_j = J * SUB + rs
+            tmask_j = start + cols_j < seqlen
+            rows_j = (bos + start + cols_j) * H + h
+            kj_norms = _inverse_norms(k, rows_j, rk, tmask_j, K, QK_L2NORM)
+            MJ = tl.zeros((SUB, SUB), tl.float32)
+            AqkJ = tl.zeros((SUB, SUB), tl.float32)
+            for s in range(K // KS):
+                cols = s * KS + tl.arange(0, KS)
+                G = tl.load(ws_G + ws_rows[:, None] * K + cols[None, :])
+                GJ = tl.load(ws_G + (chunk_row0 + cols_j)[:, None] * K + cols[None, :])
+                G_anchor = tl.load(ws_G + (chunk_row0 + I * SUB) * K + cols)
+                down = tl.exp(G - G_anchor[None, :])
+                kj_up = _key_slice(k, kj_norms, rows_j, cols, tmask_j, K)
+                kj_up = kj_up * tl.exp(G_anchor[None, :] - GJ)
+                MJ += tl.dot(_key_slice(k, k_norms, rows, cols, tmask, K) * down,
+                             tl.trans(kj_up), input_precision=DOT_PRECISION)
+                AqkJ += tl.dot(_key_slice(q, q_norms, rows, cols, tmask, K) * down,
+                               tl.trans(kj_up), input_precision=DOT_PRECISION)
+            tl.store(a_rows + cols_j[None, :], MJ * bb[:, None])
+            tl.store(aqk_rows + cols_j[None, :], AqkJ.to(ws_Aqk.dtype.element_ty))
+        for J in range(I + 1, CHUNK // SUB):
+            tl.store(aqk_rows + (J * SUB + rs)[None, :],
+                     tl.zeros((SUB, SUB), ws_Aqk.dtype.element_ty))
+
+
+@triton.jit
+def _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, J, rs, rk, cols,
+                IS_W: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                SUB: tl.constexpr, QK_L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr):
+    """Sub-block J of the right side, columns `cols`: beta k exp(G) for W, beta v for U."""
+    local = J * SUB + rs
+    tmask = start + local < seqlen
+    rows = (bos + start + local) * H + h
+    bb = tl.load(beta + rows, mask=tmask, other=0.0).to(tl.float32)
+    if BETA_SIGMOID:
+        bb = tl.where(tmask, tl.sigmoid(bb), 0.0)
+    if IS_W:
+        x = tl.load(k + rows[:, None] * K + cols[None, :], mask=tmask[:, None], other=0.0)
+        x = x.to(tl.float32)
+        if QK_L2NORM:
+            full = load_keys(k, rows, rk, tmask, K, False)
+            x = x * tl.rsqrt(tl.sum(full * full, axis=1) + 1e-6)[:, None]
+        x = x * tl.exp(tl.load(ws_G + (chunk_row0 + local)[:, None] * K + cols[None, :]))
+    else:
+        x = tl.load(v + rows[:, None] * V + cols[None, :], mask=tmask[:, None], other=0.0)
+        x = x.to(tl.float32)
+    return bb[:, None] * x
+
+
+@triton.jit
+def _solve_columns(k, v, beta, ws_G, ws_A, out_ptr, out_stride, bos, start, seqlen, chunk_row0,
+                   h, cols, IS_W: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+                   V: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
+                   QK_L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
+    """X = (I + M)^-1 B for one column block, written to out_ptr's rows of this chunk."""
+    rs = tl.arange(0, SUB)
+    rk = tl.arange(0, K)
+    a_row0 = ws_A + chunk_row0 * CHUNK
+    X0 = tl.dot(tl.load(a_row0 + rs[:, None] * CHUNK + rs[None, :]),
+                _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, 0, rs, rk,
+                            cols, IS_W, H, K, V, SUB, QK_L2NORM, BETA_SIGMOID),
+                input_precision=DOT_PRECISION)
+    tl.store(out_ptr + (chunk_row0 + rs)[:, None] * out_stride + cols[None, :],
+             X0.to(out_ptr.dtype.element_ty))
+    if CHUNK >= 2 * SUB:
+        r1 = SUB + rs
+        b = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, 1, rs, rk, cols,
+                        IS_W, H, K, V, SUB, QK_L2NORM, BETA_SIGMOID)
+        b -= tl.dot(tl.load(a_row0 + r1[:, None] * CHUNK + rs[None, :]), X0,
+                    input_precision=DOT_PRECISION)
+        X1 = tl.dot(tl.load(a_row0 + r1[:, None] * CHUNK + r1[None, :]), b,
+                    input_precision=DOT_PRECISION)
+        tl.store(out_ptr + (chunk_row0 + r1)[:, None] * out_stride + cols[None, :],
+                 X1.to(out_ptr.dtype.element_ty))
+    if CHUNK >= 4 * SUB:
+        r2 = 2 * SUB + rs
+        b = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, 2, rs, rk, cols,
+                        IS_W, H, K, V, SUB, QK_L2NORM, BETA_SIGMOID)
+        b -= tl.dot(tl.load(a_row0 + r2[:, None] * CHUNK + rs[None, :]), X0,
+                    input_precision=DOT_PRECISION)
+        b -= tl.dot(tl.load(a_row0 + r2[:, None] * CHUNK + r1[None, :]), X1,
+                    input_precision=DOT_PRECISION)
+        X2 = tl.dot(tl.load(a_row0 + r2[:, None] * CHUNK + r2[None, :]), b,
+                    input_precision=DOT_PRECISION)
+        tl.store(out_ptr + (chunk_row0 + r2)[:, None] * out_stride + cols[None, :],
+                 X2.to(out_ptr.dtype.element_ty))
+        r3 = 3 * SUB + rs
+        b = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, 3, rs, rk, cols,
+                        IS_W, H, K, V, SUB, QK_L2NORM, BETA_SIGMOID)
+        b -= tl.dot(tl.load(a_row0 + r3[:, None] * CHUNK + rs[None, :]), X0,
+                    input_precision=DOT_PRECISION)
+        b -= tl.dot(tl.load(a_row0 + r3[:, None] * CHUNK + r1[None, :]), X1,
+                    input_precision=DOT_PRECISION)
+        b -= tl.dot(tl.load(a_row0 + r3[:, None] * CHUNK + r2[None, :]), X2,
+                    input_precision=DOT_PRECISION)
+        X3 = tl.dot(tl.load(a_row0 + r3[:, None] * CHUNK + r3[None, :]), b,
+                    input_precision=DOT_PRECISION)
+        tl.store(out_ptr + (chunk_row0 + r3)[:, None] * out_stride + cols[None, :],
+                 X3.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def kda_chunk_solve_kernel(
+    k, v, beta, cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, ws_G, ws_A, ws_W, ws_U,
+    num_chunk_slots, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr,
+    SUB: tl.constexpr, BC: tl.constexpr, QK_L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+):
+    tl.static_assert(CHUNK == SUB or CHUNK == 2 * SUB or CHUNK == 4 * SUB,
+                     "the solve is written out for 1, 2 or 4 sub-blocks")
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    part = tl.program_id(2)
+    live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
+                                         CHUNK, SEARCH_BLOCK)
+    if live:
+        chunk_row0 = (h * num_chunk_slots + c.to(tl.int64)) * CHUNK
+        if part < K // BC:
+            _solve_columns(k, v, beta, ws_G, ws_A, ws_W, K, bos, start, seqlen, chunk_row0, h,
+                           part * BC + tl.arange(0, BC), True, H, K, V, CHUNK, SUB, QK_L2NORM,
+                           BETA_SIGMOID, DOT_PRECISION)
+        else:
+            _solve_columns(k, v, beta, ws_G, ws_A, ws_U, V, bos, start, seqlen, chunk_row0, h,
+                           (part - K // BC) * BC + tl.arange(0, BC), False, H, K, V, CHUNK, SUB,
+                           QK_L2NORM, BETA_SIGMOID, DOT_PRECISION)
