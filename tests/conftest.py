@@ -9,18 +9,24 @@ import zlib
 import pytest
 import torch
 
+import interp_memcheck
+
 CUDA_AVAILABLE = torch.cuda.is_available()
 
 # Must happen before any test module imports kdabench.kernels: triton.jit decides at
 # decoration time whether a kernel is compiled or interpreted.
 if not CUDA_AVAILABLE:
     os.environ["TRITON_INTERPRET"] = "1"
+    # every interpreted load and store must stay inside its launch's tensor arguments
+    MEMCHECK = interp_memcheck.install()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     if CUDA_AVAILABLE:
         return f"kdabench: CUDA GPU {torch.cuda.get_device_name()}: gpu tests run"
-    return "kdabench: no CUDA GPU: gpu tests skip, Triton kernels run with TRITON_INTERPRET=1"
+    checked = "bounds-checked" if MEMCHECK else "NOT bounds-checked (interpreter internals moved)"
+    return ("kdabench: no CUDA GPU: gpu tests skip, Triton kernels run with TRITON_INTERPRET=1, "
+            f"every load and store {checked}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -71,10 +71,13 @@ def locate_chunk(chunk_offsets, num_seqs, c, BLOCK: tl.constexpr):
 def chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c, CHUNK: tl.constexpr,
               SEARCH_BLOCK: tl.constexpr):
     """(live, bos, start, seqlen) of global chunk c: its sequence's first token, the chunk's
-    first position in it, the sequence's length; live is false past the batch or on error."""
-    num_seqs = tl.load(num_seqs_ptr)
+    first position in it, the sequence's length; live is false past the batch or on error.
+    On error no sequence is searched: a live count past the metadata's capacity (one of the
+    faults the validation reports) would read past chunk_offsets."""
+    healthy = tl.load(err_ptr) == 0
+    num_seqs = tl.where(healthy, tl.load(num_seqs_ptr), 0)
     n = locate_chunk(chunk_offsets, num_seqs, c, SEARCH_BLOCK)
-    live = (tl.load(err_ptr) == 0) & (n < num_seqs)
+    live = healthy & (n < num_seqs)
     n = tl.maximum(tl.minimum(n, num_seqs - 1), 0)
     bos = tl.load(cu_seqlens + n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
