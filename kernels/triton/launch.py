@@ -17,8 +17,8 @@ FILL_ROWS = 64
 SUB_CHUNK = 16
 KEY_SLICE = 16  # split stage 1: key columns per product step of the blocks kernel
 # The blocks kernel's products are [16, 16] x [16, CHUNK]: 4 warps split the CHUNK columns
-# (sm_90 SASS: 8 HMMA per warp per trip at 4 warps, 16 at 2) at 106 registers, no spills,
-# 4 programs per SM; 2 warps need 255 registers and spill.
+# (sm_90 SASS: 8 HMMA per warp per trip at 4 warps, 16 at 2) at 105 registers, 4 programs
+# (16 warps) per SM; 2 warps: 148 registers, 6 programs (12 warps) per SM.
 BLOCKS_WARPS = 4
 SOLVE_COLUMNS = 64  # split stage 1: W or U columns per solve program
 OUTPUT_BLOCK_V = 64  # split output: V columns per output program
