@@ -429,6 +429,26 @@ def test_fault_leaves_pool_untouched(mutate, fault):
     assert_rejected(result, pool, pool_before, fault)
 
 
+# The split pipeline's own kernels (stage-1 trio, checkpoint and output kernels) under the same
+# faults, one of each class (fp32 operands: this checks the error path, not the rounding).
+SPLIT = KernelConfig(chunk_size=64, block_v=16, num_stages=2, pipeline="split")
+SPLIT_FAULTS = ["checkpoint-on-other-final", "cu-seqlens-decreasing", "final-slot-eq-num-slots",
+                "offsets-not-increasing"]
+
+
+@pytest.mark.parametrize("mutate, fault", [f[1:] for f in FAULTS if f[0] in SPLIT_FAULTS],
+                         ids=SPLIT_FAULTS)
+def test_split_pipeline_fault_leaves_pool_untouched(mutate, fault):
+    x, call, pool, pool_before = fault_setup()
+    mutate(call)
+    caps = Caps(device=DEVICE, num_heads=FAULT_HEADS, head_dim=128, max_tokens=x.q.shape[0],
+                max_seqs=len(FAULT_LENGTHS), max_state_slots=call.num_slots,
+                max_checkpoints=CAPACITY)
+    binding = bind(plan(caps, SPLIT), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                   **call.tensors())
+    assert_rejected(run(binding), pool, pool_before, fault)
+
+
 @pytest.mark.parametrize("num_seqs", [0, len(FAULT_LENGTHS) + 1], ids=["zero", "above-capacity"])
 def test_fault_live_sequence_count(num_seqs):
     x, call, pool, pool_before = fault_setup()
@@ -453,7 +473,8 @@ GRAPH_REPLAYS = [  # lengths (the live sequences), initial slots, first slot wri
 ]
 
 
-def test_cuda_graph_replays_with_new_metadata():
+@pytest.mark.parametrize("config", [None, SPLIT], ids=["default", "split"])
+def test_cuda_graph_replays_with_new_metadata(config):
     x = make_inputs([GRAPH_TOKENS], GRAPH_HEADS, 128, gate="sigmoid", qk_l2norm=True,
                     beta_sigmoid=True, seed=31, device=DEVICE)
     caps = Caps(device=DEVICE, num_heads=GRAPH_HEADS, head_dim=128, max_tokens=GRAPH_TOKENS,
@@ -473,8 +494,8 @@ def test_cuda_graph_replays_with_new_metadata():
     }
     metadata["cu_seqlens"][0] = 0
     num_seqs = torch.ones(1, dtype=I32, device=DEVICE)
-    binding = bind(plan(caps), x.q, x.k, x.v, x.g, x.beta, state_pool=pool, A_log=x.A_log,
-                   dt_bias=x.dt_bias, num_seqs=num_seqs, **metadata)
+    binding = bind(plan(caps, config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                   A_log=x.A_log, dt_bias=x.dt_bias, num_seqs=num_seqs, **metadata)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -20,6 +20,7 @@ from kdabench.inputs import make_inputs
 from kdabench.kernels import (
     Caps,
     KdaMetadataError,
+    KernelConfig,
     MetadataFault,
     bind,
     decode_error_code,
@@ -75,13 +76,27 @@ def random_pool(num_slots: int = NUM_SLOTS, seed: int = 3) -> torch.Tensor:
     return torch.randn(num_slots, HEADS, DIM, DIM, generator=gen)
 
 
-def call(meta: dict, capacity: int, num_tokens: int = 42, dtype=torch.int32):
-    """Run the functional prefill on `meta`; return (result, pool before, pool after)."""
+# The split pipeline (decay, blocks and solve kernels, the state pass without the output, the
+# checkpoint and output kernels), at 16-token chunks so that checkpoints fall inside chunks.
+SPLIT = KernelConfig(chunk_size=16, block_v=16, pipeline="split")
+
+
+def call(meta: dict, capacity: int, num_tokens: int = 42, dtype=torch.int32,
+         config: KernelConfig | None = None):
+    """Run the prefill on `meta` (the functional API, or plan/bind/run under `config`); return
+    (result, pool before, pool after)."""
     x = inputs(num_tokens)
     pool = random_pool()
     pool_before = pool.clone()
-    result = kda_prefill(x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
-                         **metadata_tensors(meta, capacity, dtype))
+    metadata = metadata_tensors(meta, capacity, dtype)
+    if config is None:
+        result = kda_prefill(x.q, x.k, x.v, x.g, x.beta, state_pool=pool, **metadata)
+    else:
+        caps = Caps(device="cpu", num_heads=HEADS, head_dim=DIM, max_tokens=num_tokens,
+                    max_seqs=len(meta["cu_seqlens"]) - 1, max_state_slots=NUM_SLOTS,
+                    max_checkpoints=capacity)
+        result = run(bind(plan(caps, config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                          **metadata))
     return result, pool_before, pool
 
 
@@ -126,11 +141,12 @@ def set_at(row: int, column: int | None, value: int):
     return edit
 
 
+@pytest.mark.parametrize("config", [None, SPLIT], ids=["default", "split"])
 @pytest.mark.parametrize("capacity", [1, 2, 4], ids=["C1", "C2", "C4"])
-def test_valid_base_metadata_is_accepted(capacity):
+def test_valid_base_metadata_is_accepted(capacity, config):
     """The layout the fault tests edit is valid: each rejection comes from its one edit."""
     meta = valid_metadata(capacity)
-    result, pool_before, pool = call(meta, capacity)
+    result, pool_before, pool = call(meta, capacity, config=config)
     assert int(result.error_code) == 0, result.message()
     assert expected_code(meta, capacity) == 0
     result.raise_for_error()
@@ -334,6 +350,20 @@ def test_slot_out_of_range_with_int64_indices():
 def test_bad_checkpoint_offset(capacity, changes):
     meta = edited(capacity, changes)
     assert_rejected(*call(meta, capacity), OFFSET, expected_code(meta, capacity))
+
+
+@pytest.mark.parametrize("capacity, changes, fault", [
+    (2, {"ck_slots": set_at(1, 1, 3)}, DUP),
+    (1, {"final": [3, 0, 5]}, DUP),
+    (1, {"cu_seqlens": [0, 20, 18, 42], "ck_slots": [[-1]] * 3}, LENGTHS_BAD),
+    (4, {"ck_slots": set_at(0, 1, NUM_SLOTS)}, RANGE),
+    (4, {"ck_offsets": set_at(0, 2, 5)}, OFFSET),
+], ids=["duplicate-write", "write-on-other-initial", "lengths", "slot-range", "offset"])
+def test_split_pipeline_rejects_each_fault_class(capacity, changes, fault):
+    """The split pipeline's kernels honour the error code as the default ones do: each fault
+    class leaves the pool bit for bit unchanged and the whole output NaN."""
+    meta = edited(capacity, changes)
+    assert_rejected(*call(meta, capacity, config=SPLIT), fault, expected_code(meta, capacity))
 
 
 def test_inactive_entries_with_garbage_offsets_are_accepted():
