@@ -45,6 +45,18 @@ def untimed(case_id: str, verdict: str = "pass") -> dict:
     return {"id": case_id, "verdict": verdict, "samples_ms": [], "median_ms": None}
 
 
+def bench_case(case_id: str, kdabench: dict[str, list[float]], fla: dict[str, list[float]],
+               primary: str = "graph") -> dict:
+    """A bench case as `kdabench bench` records it: raw samples per mode and kernel."""
+    modes = {mode: {"fla": {"samples_ms": fla[mode], "median_ms": float(np.median(fla[mode]))},
+                    "kdabench": {"samples_ms": values, "median_ms": float(np.median(values))}}
+             for mode, values in kdabench.items()}
+    ratios = {mode: float(np.median(fla[mode]) / np.median(values))
+              for mode, values in kdabench.items()}
+    return {"id": case_id, "verdict": "pass", "modes": modes, "primary_mode": primary,
+            "kernels": modes[primary], "ratio_fla_over_kdabench": ratios}
+
+
 def write(path: Path, cases: list[dict], *, kind: str = "qualify", device: dict | None = None,
           sources: dict | None = None, created_at: str = "2026-12-02T16:24:05Z",
           status: str = "complete") -> Path:
@@ -97,7 +109,8 @@ def test_the_committed_receipt_against_itself_changes_nothing():
     comparison = compare_paths(receipts[0], receipts[0])
     assert not comparison.has_regression and comparison.warnings == []
     assert {case.verdict for case in comparison.cases} == {"unchanged"}
-    assert {case.note for case in comparison.cases} <= {
+    # bench cases' notes begin with the mode and the fla ratios ("graph: kdabench; ...; ")
+    assert {case.note.split("; ")[-1] for case in comparison.cases} <= {
         "identical samples", "correctness only (no timing)"}
 
 
@@ -266,7 +279,9 @@ def test_folders_of_receipts_are_matched_by_kind_device_and_case(tmp_path: Path)
         write(folder / "qualify-h200.json", [untimed("shared"), untimed("only-h200")])
         write(folder / "qualify-h100.json", [untimed("shared", "pass" if side == "base"
                                                      else "fail")], device=h100)
-        write(folder / "bench-h200.json", [timed("shared", samples(slow, 0.01, 30, seed=13))],
+        fla = {"graph": samples(1.0, 0.01, 30, seed=12)}
+        write(folder / "bench-h200.json",
+              [bench_case("shared", {"graph": samples(slow, 0.01, 30, seed=13)}, fla)],
               kind="bench")
     (tmp_path / "base" / "README.md").write_text("not a receipt, not a *.json")
     comparison = compare_paths(tmp_path / "base", tmp_path / "head")
@@ -386,3 +401,47 @@ def test_markdown_has_summary_warnings_and_every_case(tmp_path: Path):
     assert any(line.startswith("> ⚠️ device differs") for line in lines)
     assert "`a\\|b`" in text and "`gone`" in text
     assert sum(line.startswith("| `") for line in lines) == 2
+
+
+# --------------------------------------------------------------------------- bench receipts
+
+
+def test_bench_cases_compare_kdabench_samples_in_the_primary_mode(tmp_path: Path):
+    """kdabench's graph samples decide (20% slower: regressed, though its eager samples and
+    fla's are unchanged); the note names the mode and each side's fla ratio."""
+    fla = {mode: samples(0.40, 0.01, 20, seed=30) for mode in ("eager", "graph")}
+    eager = samples(0.30, 0.01, 20, seed=31)
+    base = write(tmp_path / "base.json", [bench_case(
+        "8192x8x1", {"eager": eager, "graph": samples(0.40, 0.01, 20, seed=32)}, fla)],
+        kind="bench")
+    head = write(tmp_path / "head.json", [bench_case(
+        "8192x8x1", {"eager": eager, "graph": samples(0.48, 0.01, 20, seed=33)}, fla)],
+        kind="bench")
+    case = by_id(compare_paths(base, head))["8192x8x1"]
+    assert case.verdict == "regressed" and case.base_samples == case.head_samples == 20
+    assert case.ratio == pytest.approx(1.2, rel=0.02)
+    assert case.note.startswith("graph: kdabench; fla/kdabench 1.00x -> 0.83x; ")
+    assert case.note.endswith("slower")
+
+
+def test_bench_cases_fall_back_to_a_mode_both_ran(tmp_path: Path):
+    fla = {mode: samples(1.0, 0.01, 12, seed=34) for mode in ("eager", "graph")}
+    base = write(tmp_path / "base.json", [bench_case(
+        "s", {"eager": samples(1.0, 0.01, 12, seed=35), "graph": samples(0.5, 0.01, 12, seed=36)},
+        fla)], kind="bench")
+    head = write(tmp_path / "head.json", [bench_case(
+        "s", {"eager": samples(0.7, 0.01, 12, seed=37)}, fla, primary="eager")], kind="bench")
+    case = by_id(compare_paths(base, head))["s"]
+    assert case.verdict == "improved" and case.note.startswith("eager: kdabench")
+    assert case.ratio == pytest.approx(0.7, rel=0.03)
+
+
+def test_bench_cases_without_a_shared_mode_compare_correctness_only(tmp_path: Path):
+    fla = {mode: samples(1.0, 0.01, 12, seed=38) for mode in ("eager", "graph")}
+    base = write(tmp_path / "base.json", [bench_case(
+        "s", {"graph": samples(0.5, 0.01, 12, seed=39)}, fla)], kind="bench")
+    head = write(tmp_path / "head.json", [bench_case(
+        "s", {"eager": samples(9.0, 0.01, 12, seed=40)}, fla, primary="eager")], kind="bench")
+    case = by_id(compare_paths(base, head))["s"]
+    assert case.verdict == "unchanged" and case.ratio is None
+    assert case.note == "no timing mode in common; correctness only (no timing)"

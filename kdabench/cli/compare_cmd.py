@@ -108,7 +108,10 @@ def compare(base: Path, head: Path, threshold: float, alpha: float, output_forma
     BASE and HEAD are receipt files or folders of receipts (every *.json in the folder);
     cases are matched by receipt kind, device name and case id. For each case: the
     medians of the raw samples, the ratio HEAD/BASE, a Mann-Whitney test (two-sided),
-    a bootstrap 95% interval of the ratio, and a verdict:
+    a bootstrap 95% interval of the ratio, and a verdict. A bench case is judged by
+    kdabench's samples (capacity 4) in a timing mode both sides ran (BASE's primary
+    mode, CUDA-graph replay unless only eager ran); its note gives each side's fla
+    ratio, fla having run on the same inputs in each receipt:
 
     \b
       failed     passed in BASE, does not pass in HEAD (whatever the timing)

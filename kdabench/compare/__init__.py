@@ -13,6 +13,8 @@ Per matched case:
 * a two-sided Mann-Whitney U test on the raw samples (``scipy.stats.mannwhitneyu``);
 * a percentile bootstrap confidence interval of the ratio of medians (numpy, seeded
   per case id, so a case's interval does not depend on which other cases ran);
+* for bench receipts, kdabench's own samples (capacity 4) in a timing mode both sides ran
+  (:mod:`kdabench.compare.bench_cases`), each side's fla ratio in the note;
 * a verdict, in order of precedence:
 
   ``failed``     the case passed in BASE and does not pass in HEAD (whatever the timing);

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kdabench.compare.bench_cases import BENCH_KIND, bench_mode, fla_ratio_note, timed_view
 from kdabench.compare.cases import (
     VERDICTS,
     CaseComparison,
@@ -226,8 +227,7 @@ def compare_receipts(
             for case_id in list(base_cases) + [i for i in head_cases if i not in base_cases]:
                 base_case = base_cases.get(case_id, (None, None))[0]
                 head_case = head_cases.get(case_id, (None, None))[0]
-                cases.append(compare_case(base_case, head_case, options,
-                                          kind=kind, device=str(label)))
+                cases.append(_compare_pair(base_case, head_case, options, kind, str(label)))
             if base_device and head_device:
                 environment += _environment_warnings(
                     kind, _contributors(base_cases), _contributors(head_cases))
@@ -239,6 +239,17 @@ def compare_receipts(
     order = {verdict: rank for rank, verdict in enumerate(VERDICTS)}
     cases.sort(key=lambda case: order[case.verdict])  # stable: receipt order within a verdict
     return Comparison([], [], options, warnings, cases)
+
+
+def _compare_pair(base_case, head_case, options, kind: str, label: str) -> CaseComparison:
+    """compare_case, with bench cases seen through kdabench's samples in a shared mode."""
+    if kind != BENCH_KIND:
+        return compare_case(base_case, head_case, options, kind=kind, device=label)
+    mode = bench_mode(base_case, head_case)
+    result = compare_case(timed_view(base_case, mode), timed_view(head_case, mode), options,
+                          kind=kind, device=label)
+    result.note = f"{fla_ratio_note(base_case, head_case, mode)}; {result.note}"
+    return result
 
 
 def _contributors(cases: Mapping[str, tuple[dict, LoadedReceipt]]) -> list[LoadedReceipt]:

@@ -25,15 +25,18 @@ CASE_IDS = ["accuracy-C1-H4-K64", "accuracy-C2-H8-K128", "contract-refuses-capac
 def write(path: Path, *, slowdown: float = 1.0, flip: bool = False, kind: str = "qualify",
           device: dict | None = None) -> Path:
     """Two timed cases (30 samples, 1% noise, the first scaled by `slowdown`) and one
-    untimed contract case (failing when `flip`)."""
+    untimed contract case (failing when `flip`); a bench receipt holds the samples as
+    `kdabench bench` does, per mode and kernel."""
     builder = new_receipt(kind, config={}, command_line=["kdabench", kind],
                           device=device or DEVICE, sources=SOURCES,
                           created_at="2026-12-02T16:24:05Z")
     rng = np.random.default_rng(0)
     for case_id, scale in zip(CASE_IDS[:2], (slowdown, 1.0), strict=True):
         values = scale * (1 + 0.01 * rng.standard_normal(30))
-        builder.add_case({"id": case_id, "verdict": "pass", "samples_ms": values.tolist(),
-                          "median_ms": float(np.median(values))})
+        timing = {"samples_ms": values.tolist(), "median_ms": float(np.median(values))}
+        if kind == "bench":
+            timing = {"modes": {"graph": {"kdabench": timing}}, "primary_mode": "graph"}
+        builder.add_case({"id": case_id, "verdict": "pass", **timing})
     builder.add_case({"id": CASE_IDS[2], "verdict": "fail" if flip else "pass",
                       "samples_ms": [], "median_ms": None})
     return builder.write(path)
