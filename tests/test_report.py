@@ -322,6 +322,48 @@ def test_a_bench_report_tables_each_shape_with_the_ratio_and_the_floor(tmp_path:
     assert_real_image(plot)
 
 
+def test_a_bench_report_names_the_mode_the_export_overhead_and_where_the_time_goes(
+        tmp_path: Path):
+    """A case in the layout `kdabench bench --breakdown` writes: every mode's samples, the
+    primary mode's per kernel, the export overhead per mode, each kernel's GPU breakdown."""
+    def timing(median_ms: float, seed: int) -> dict:
+        samples = samples_around(median_ms, 30, 0.02, seed)
+        return {"median_ms": statistics.median(samples), "samples_ms": samples}
+
+    modes = {"graph": {"kdabench": timing(0.41, 1), "fla": timing(0.42, 2),
+                       "kdabench-c1": timing(0.40, 3)},
+             "eager": {"kdabench": timing(0.42, 4), "fla": timing(0.68, 5),
+                       "kdabench-c1": timing(0.41, 6)}}
+    receipt = builder("bench", {"against": "fla"})
+    receipt.add_case({
+        "id": "8192x8x1", "verdict": "pass", "shape": "8192x8x1", "T": 8192, "H": 8, "seqs": 1,
+        "modes": modes, "primary_mode": "graph", "kernels": modes["graph"], "floor_ms": 0.024,
+        "export_overhead": {"graph": 0.028, "eager": 0.026},
+        "breakdown": {"kdabench": {"calls": 10, "gpu_us": 407.0, "kernels_us": {
+                          "kda_chunk_blocks_kernel": 133.0, "kda_state_pass_kernel": 138.0,
+                          "kda_validate_kernel": 3.0}},
+                      "fla": {"calls": 10, "gpu_us": 379.0, "kernels_us": {
+                          "chunk_gated_delta_rule_fwd_kernel_h": 193.0,
+                          "chunk_gla_fwd_kernel_o": 38.0}}},
+    })
+    path = receipt.write(tmp_path / receipt.filename())
+    text = build_report([path], tmp_path / "out").markdown_path.read_text(encoding="utf-8")
+    assert "Medians of CUDA-graph replay" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 8192x8x1 | 8,192"))
+    assert row.rstrip(" |").endswith("+2.8%")
+    assert "#### Where the GPU time goes" in text and "over 10 eager calls" in text
+    assert ("| 8192x8x1 | kdabench | 407 | kda_state_pass_kernel 138, kda_chunk_blocks_kernel "
+            "133, kda_validate_kernel 3 |") in text
+    assert "| 8192x8x1 | fla | 379 | chunk_gated_delta_rule_fwd_kernel_h 193," in text
+
+
+def test_a_bench_report_without_breakdown_or_overhead_leaves_them_out(tmp_path: Path):
+    text = build_report([bench_receipt(tmp_path)], tmp_path / "out").markdown_path.read_text(
+        encoding="utf-8")
+    assert "Where the GPU time goes" not in text and "export overhead" not in text
+    assert "Medians of" not in text
+
+
 # --------------------------------------------------------------------------- serve-sweep
 
 

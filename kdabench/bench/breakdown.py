@@ -60,8 +60,9 @@ def short_kernel_name(name: str) -> str:
 
 
 def breakdown_line(record: dict[str, Any], shown: int = SHOWN_KERNELS) -> str:
-    """One line: the GPU time per call, then the largest kernels' shares."""
-    kernels = list(record.get("kernels_us", {}).items())
+    """One line: the GPU time per call, then the largest kernels' shares (sorted here: a
+    receipt read back has its keys in canonical, alphabetical order)."""
+    kernels = sorted(record.get("kernels_us", {}).items(), key=lambda item: -item[1])
     parts = [f"{short_kernel_name(name)} {us:.0f}" for name, us in kernels[:shown]]
     if len(kernels) > shown:
         parts.append(f"{len(kernels) - shown} more {sum(us for _, us in kernels[shown:]):.0f}")

@@ -8,8 +8,11 @@ either ``kernels`` = {name: {"median_ms": ms, "samples_ms": [...]} or ms} or ``m
 ``heads``, ``shape.H``, ``shape.heads``, ``params.heads``), ``seqs`` (or ``num_seqs``,
 ``shape.seqs``, ``shape.num_seqs``), ``shape`` as a label ("8192x8x1") or
 ``shape.label``; optional ``floor_ms`` (or ``floor.ms``), the time the shape's bytes
-and FLOPs need at the measured rates. Rendered: a table per shape (medians, fla/kdabench,
-distance to the floor) and a plot of time against T per kernel, with the floor.
+and FLOPs need at the measured rates; optional ``primary_mode`` (the mode ``kernels``
+holds), ``export_overhead`` = {mode: fraction} and ``breakdown`` = {kernel: {"gpu_us",
+"kernels_us"}} (``kdabench bench --breakdown``). Rendered: a table per shape (medians,
+fla/kdabench, distance to the floor, export overhead), a plot of time against T per kernel,
+with the floor, and where each kernel's GPU time goes.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kdabench.bench.breakdown import breakdown_line
 from kdabench.report.fields import finite_numbers, get_field, to_number
 from kdabench.report.loading import LoadedReceipt
 from kdabench.report.markdown import (
@@ -34,6 +38,7 @@ from kdabench.report.markdown import (
 from kdabench.report.plotting import log_axes, new_figure, quartiles, save_png
 
 KERNEL_ORDER = ("kdabench", "fla")
+MODE_NAMES = {"graph": "CUDA-graph replay", "eager": "eager calls"}
 
 
 @dataclass
@@ -158,6 +163,8 @@ def bench_section(receipt: LoadedReceipt, plot_path: Path) -> tuple[list[str], l
     shapes: dict[tuple[str, Any, Any], dict[str, BenchPoint]] = {}
     for point in points:
         shapes.setdefault((point.shape, point.tokens, point.heads), {})[point.kernel] = point
+    overheads = {label: value for label, value in (_export_overhead(c) for c in cases)
+                 if value is not None}
     rows = []
     for (label, tokens, heads), by_kernel in shapes.items():
         ours, fla = by_kernel.get("kdabench"), by_kernel.get("fla")
@@ -166,14 +173,25 @@ def bench_section(receipt: LoadedReceipt, plot_path: Path) -> tuple[list[str], l
                  and fla.median_ms else "-")
         to_floor = (f"{ours.median_ms / floor:.2f}x" if ours and ours.median_ms and floor
                     else "-")
-        rows.append([label, fmt_count(tokens), fmt_count(heads),
-                     *[fmt_ms(by_kernel[k].median_ms) if k in by_kernel else "-"
-                       for k in kernels], ratio, fmt_ms(floor), to_floor])
+        row = [label, fmt_count(tokens), fmt_count(heads),
+               *[fmt_ms(by_kernel[k].median_ms) if k in by_kernel else "-" for k in kernels],
+               ratio, fmt_ms(floor), to_floor]
+        if overheads:
+            row.append(f"{overheads[label] * 100:+.1f}%" if label in overheads else "-")
+        rows.append(row)
+    modes = sorted({str(c["primary_mode"]) for c in cases if c.get("primary_mode")})
+    mode_sentence = (f"Medians of {', '.join(MODE_NAMES.get(m, m) for m in modes)} "
+                     "(the receipt has every mode's samples). " if modes else "")
+    overhead_sentence = (" Export overhead: kdabench at capacity 4 with four checkpoints "
+                         "against capacity 1, minus 1." if overheads else "")
     lines = ["#### Time per shape", "",
-             ("fla / kdabench above 1 means kdabench is faster; kdabench / floor is how far "
-             "kdabench is from the time the shape's bytes and FLOPs need."), "",
+             (f"{mode_sentence}fla / kdabench above 1 means kdabench is faster; kdabench / "
+              "floor is how far kdabench is from the time the shape's bytes and FLOPs need."
+              f"{overhead_sentence}"), "",
              md_table(["shape", "T", "H", *[f"{k} (ms)" for k in kernels], "fla / kdabench",
-                       "floor (ms)", "kdabench / floor"], rows), ""]
+                       "floor (ms)", "kdabench / floor",
+                       *(["export overhead"] if overheads else [])], rows), ""]
+    lines += _breakdown_lines(cases)
     plots = []
     lines += ["#### Time against T", ""]
     if plot_bench(points, plot_path, device_name(receipt.doc)):
@@ -192,3 +210,40 @@ def bench_section(receipt: LoadedReceipt, plot_path: Path) -> tuple[list[str], l
                         for i, (case, pts) in enumerate((c, bench_points(c)) for c in cases)]),
               ""]
     return lines, plots
+
+
+def _export_overhead(case: Mapping[str, Any]) -> tuple[str | None, float | None]:
+    """(shape label, export overhead in the case's primary mode), None where absent."""
+    overhead = case.get("export_overhead")
+    if not isinstance(overhead, Mapping):
+        return None, None
+    points = bench_points(case)
+    value = to_number(overhead.get(case.get("primary_mode")))
+    return (points[0].shape if points else None), value
+
+
+def _breakdown_lines(cases: Sequence[Mapping[str, Any]]) -> list[str]:
+    """'Where the GPU time goes': per shape and bench kernel, the GPU time of one eager call
+    and its largest GPU kernels (empty without a breakdown in the receipt)."""
+    rows = []
+    for case in cases:
+        breakdown = case.get("breakdown")
+        if not isinstance(breakdown, Mapping):
+            continue
+        points = bench_points(case)
+        label = points[0].shape if points else str(case.get("id"))
+        for kernel in _kernel_order(breakdown):
+            record = breakdown[kernel]
+            if isinstance(record, Mapping) and isinstance(record.get("kernels_us"), Mapping):
+                total, _, parts = breakdown_line(dict(record)).partition(": ")
+                rows.append([label, kernel, total.removesuffix(" us"), parts])
+    if not rows:
+        return []
+    calls = next((c["breakdown"][k].get("calls") for c in cases
+                  if isinstance(c.get("breakdown"), Mapping) for k in c["breakdown"]
+                  if isinstance(c["breakdown"][k], Mapping)), None)
+    return ["#### Where the GPU time goes", "",
+            (f"torch.profiler over {calls or 'several'} eager calls per kernel, after the timed "
+             "samples: the GPU time of one call and its largest GPU kernels (microseconds)."),
+            "", md_table(["shape", "kernel", "GPU us per call", "largest GPU kernels (us)"],
+                         rows), ""]
