@@ -41,7 +41,8 @@ def test_every_launched_kernel_compiles_for_sm90(compiled):
     assert {r["kernel"] for r in compiled} == KERNELS
 
 
-def test_compiled_kernels_fit_an_sm90_multiprocessor(compiled):
-    for result in compiled:
-        assert result["registers"] <= 255, result
-        assert result["shared_bytes"] <= H200_SHARED_BYTES, result
+def test_compiled_kernels_fit_the_shared_memory_of_an_h200(compiled):
+    """The launch would fail on the device past 227 KB per program (registers cannot: the
+    compiler spills instead)."""
+    over = [r for r in compiled if r["shared_bytes"] > H200_SHARED_BYTES]
+    assert not over, over
