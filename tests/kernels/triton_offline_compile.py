@@ -1,4 +1,10 @@
-"""Compile, for sm_90 and without a GPU, every Triton kernel the launch runs for a few configs.
+"""Compile, without a GPU, every Triton kernel the launch runs for a few configs.
+
+    python triton_offline_compile.py [ARCH] [--heuristic]
+
+ARCH is the compute capability as a number (90: H200, the default; 121: GB10). --heuristic
+compiles what a device without a tuning profile runs: the heuristic's config for each row's
+caps instead of the row's config.
 
 Run as a script in a process without TRITON_INTERPRET (the interpreter executes the kernels
 as Python and never compiles them, so a kernel that the interpreter runs can still fail to
@@ -24,7 +30,6 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-TARGET = GPUTarget("cuda", 90, 32)
 POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.float16: "*fp16",
                  torch.int32: "*i32", torch.int64: "*i64"}
 CONFIGS = [  # (pipeline, chunk, block_v, stages, operand dtype, capacity, gate, norms)
@@ -36,7 +41,7 @@ CONFIGS = [  # (pipeline, chunk, block_v, stages, operand dtype, capacity, gate,
 ]
 
 
-def _recorded_launches(config_row) -> list[tuple]:
+def _recorded_launches(config_row, heuristic: bool) -> list[tuple]:
     from kdabench.inputs import make_inputs
     from kdabench.kernels import Caps, KernelConfig, bind, plan
     from kdabench.kernels.triton import launch
@@ -60,8 +65,9 @@ def _recorded_launches(config_row) -> list[tuple]:
         metadata["checkpoint_offsets"] = offsets[:, 0].contiguous()
         metadata["checkpoint_state_indices"] = slots[:, 0].contiguous()
     pool = torch.zeros(16, heads, dim, dim)
-    binding = bind(plan(caps, config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
-                   A_log=x.A_log, dt_bias=x.dt_bias, **metadata)
+    planned = plan(caps, policy_mode="HEURISTIC_ONLY") if heuristic else plan(caps, config)
+    binding = bind(planned, x.q, x.k, x.v, x.g, x.beta, state_pool=pool, A_log=x.A_log,
+                   dt_bias=x.dt_bias, **metadata)
     calls: list[tuple] = []
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: calls.append((self, args, kwargs))
     launch.validate(binding)
@@ -90,7 +96,7 @@ def _spec(fn: JITFunction, args: tuple, kwargs: dict) -> dict:
             "constexprs": constexprs, "aligned": sorted(attrs), "options": options}
 
 
-def _compile(spec: dict) -> dict:
+def _compile(spec: dict, arch: int) -> dict:
     module = sys.modules.get(spec["module"]) or __import__(spec["module"], fromlist=["_"])
     fn = getattr(module, spec["name"])
     names = fn.arg_names
@@ -100,7 +106,8 @@ def _compile(spec: dict) -> dict:
         attrs={(i,): [["tt.divisibility", 16]] for i in spec["aligned"]})
     result = {"kernel": spec["name"], "constexprs": spec["constexprs"], **spec["options"]}
     try:
-        compiled = triton.compile(source, target=TARGET, options=spec["options"])
+        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                                  options=spec["options"])
     except Exception as error:  # noqa: BLE001 - every failure is the finding to report
         return result | {"error": f"{type(error).__name__}: {error}"[:2000]}
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
@@ -116,19 +123,21 @@ def _compile(spec: dict) -> dict:
                      "shared_bytes": compiled.metadata.shared}
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
     from kdabench.kernels.triton import launch
 
+    arch = int(next((a for a in argv if a.isdigit()), 90))
+    heuristic = "--heuristic" in argv
     launch.device_ineligibility = lambda device: []
     specs: dict[str, dict] = {}
     for row in CONFIGS:
-        for fn, args, kwargs in _recorded_launches(row):
+        for fn, args, kwargs in _recorded_launches(row, heuristic):
             spec = _spec(fn, args, dict(kwargs))
             specs.setdefault(json.dumps(spec, sort_keys=True, default=str), spec)
     with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        for result in pool.map(_compile, specs.values()):
+        for result in pool.map(_compile, specs.values(), [arch] * len(specs)):
             print(json.dumps(result, default=str), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
