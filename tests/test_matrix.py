@@ -236,6 +236,13 @@ def test_parse_shard_refuses(text):
         parse_shard(text)
 
 
+@pytest.mark.parametrize("shard", [(0, 2), (3, 2), (1, 0)])
+def test_select_cases_refuses_a_shard_outside_1_to_n(gpu_cases, shard):
+    """Python callers (Qualify, Bench) get the rule parse_shard applies to the CLI's text."""
+    with pytest.raises(MatrixError, match=f"shard {shard[0]}/{shard[1]}: I must lie in 1..N"):
+        select_cases(gpu_cases, shard=shard)
+
+
 @given(count=st.integers(1, 9), size=st.integers(0, 60))
 def test_shards_partition_the_cases(gpu_cases, count, size):
     cases = gpu_cases[:size]

@@ -86,6 +86,7 @@ from kdabench.bench.summary import (
     summarize,
 )
 from kdabench.bench.work import BYTES_FORMULA, FLOPS_FORMULA, floor
+from kdabench.matrix import MatrixError, check_shard
 from kdabench.receipts import free_receipt_path, new_receipt, sanitize
 
 AGAINST = ("fla", "none")
@@ -434,9 +435,10 @@ def _select_shapes(shapes: ShapeSet, shard: tuple[int, int] | None
     selected = list(enumerate(shapes.shapes))
     if shard is None:
         return selected
-    index, count = shard
-    if not 1 <= index <= count:
-        raise BenchError(f"--shard {index}/{count}: I must lie in 1..N")
+    try:
+        index, count = check_shard(*shard)
+    except MatrixError as error:
+        raise BenchError(str(error)) from None
     selected = [(position, shape) for position, shape in selected if position % count == index - 1]
     if not selected:
         raise BenchError(f"--shard {index}/{count} selects no shape: the shapes file has "

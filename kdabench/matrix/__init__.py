@@ -57,7 +57,14 @@ from kdabench.matrix.axes import (
     MatrixError,
     Scenario,
 )
-from kdabench.matrix.cases import Case, Matrix, case_id_for, parse_shard, select_cases
+from kdabench.matrix.cases import (
+    Case,
+    Matrix,
+    case_id_for,
+    check_shard,
+    parse_shard,
+    select_cases,
+)
 from kdabench.matrix.loading import load_matrix, parse_matrix
 
 __all__ = [
@@ -65,6 +72,7 @@ __all__ = [
     "DEFAULT_TOLERANCES", "FAULT_VARIANTS", "GATE_AXES", "GATE_MODES", "HEAD_DIMS",
     "INDEX_DTYPES", "INVALID_FOURTH_VARIANTS", "KERNEL_AXES", "MIN_LOWER_BOUND", "OFFSET_MODES",
     "SCENARIOS", "SCHEMA", "TIERS", "TWO_SEQUENCE_VARIANTS", "Axis", "Case", "Matrix",
-    "MatrixError", "Scenario", "case_id_for", "load_matrix", "parse_matrix", "parse_shard",
+    "MatrixError", "Scenario", "case_id_for", "check_shard", "load_matrix", "parse_matrix",
+    "parse_shard",
     "select_cases",
 ]

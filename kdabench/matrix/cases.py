@@ -104,9 +104,13 @@ def parse_shard(text: str) -> tuple[int, int]:
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
     if not match:
         raise MatrixError(f"shard {text!r} is not I/N (for example 1/2)")
-    index, count = int(match.group(1)), int(match.group(2))
+    return check_shard(int(match.group(1)), int(match.group(2)))
+
+
+def check_shard(index: int, count: int) -> tuple[int, int]:
+    """(I, N) when 1 <= I <= N (shard I of N: the items at positions p with p % N == I - 1)."""
     if not 1 <= index <= count:
-        raise MatrixError(f"shard {text!r}: I must lie in 1..N")
+        raise MatrixError(f"shard {index}/{count}: I must lie in 1..N")
     return index, count
 
 
@@ -116,7 +120,7 @@ def select_cases(
     """The cases of shard I/N (index % N == I - 1) whose ids contain `contains`."""
     selected = list(cases)
     if shard is not None:
-        index, count = shard
+        index, count = check_shard(*shard)
         selected = [case for case in selected if case.index % count == index - 1]
     if contains:
         selected = [case for case in selected if contains in case.id]

@@ -83,7 +83,7 @@ def test_bad_matrix_files_exit_2_with_one_line(tmp_path, text, fragments):
 
 
 @pytest.mark.parametrize(("args", "fragments"), [
-    (["--shard", "3/2"], ["shard '3/2'", "I must lie in 1..N"]),
+    (["--shard", "3/2"], ["shard 3/2", "I must lie in 1..N"]),
     (["--shard", "x"], ["is not I/N"]),
     (["--filter", "no-such-case"], ["matches the filter 'no-such-case'"]),
     (["--backend", "cute"], ["backend 'cute' is not in the matrix's backends"]),
