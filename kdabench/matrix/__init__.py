@@ -73,6 +73,5 @@ __all__ = [
     "INDEX_DTYPES", "INVALID_FOURTH_VARIANTS", "KERNEL_AXES", "MIN_LOWER_BOUND", "OFFSET_MODES",
     "SCENARIOS", "SCHEMA", "TIERS", "TWO_SEQUENCE_VARIANTS", "Axis", "Case", "Matrix",
     "MatrixError", "Scenario", "case_id_for", "check_shard", "load_matrix", "parse_matrix",
-    "parse_shard",
-    "select_cases",
+    "parse_shard", "select_cases",
 ]

@@ -209,7 +209,7 @@ class Qualification:
         self.builder = new_receipt("qualify", config=config, command_line=command_line,
                                    device=device_identity(str(self.device)), created_at=created_at)
         self.path = free_receipt_path(Path(out_dir) if out_dir else default_out_dir(),
-                                  self.builder.filename(), shard)
+                                      self.builder.filename(), shard)
         self.context = Context(self.device, self.tier, self.backend,
                                matrix.timing if self.tier == "gpu" else None, matrix.seed)
 
@@ -231,7 +231,6 @@ def default_out_dir() -> Path:
     from kdabench.qualification import default_results_dir
 
     return default_results_dir()
-
 
 
 def fmt_error(value: Any) -> str:

@@ -81,8 +81,7 @@ __all__ = [
     "DEVICE_UNIT_KEYS", "KINDS", "SCHEMA", "SHARD_CONFIG_KEYS", "STATUSES", "VERDICTS",
     "ReceiptBuilder", "ReceiptError", "ReceiptWriter", "Verification",
     "atomic_write_bytes", "canonical_json", "compute_hash", "device_slug", "free_receipt_path",
-    "load_receipt",
-    "merge_receipts", "missing_shards", "new_receipt", "parse_shard", "read_receipt",
-    "receipt_filename", "render_receipt", "repo_root", "sanitize", "seal", "summarize",
-    "utc_now", "verify_bytes", "verify_file", "verify_receipt",
+    "load_receipt", "merge_receipts", "missing_shards", "new_receipt", "parse_shard",
+    "read_receipt", "receipt_filename", "render_receipt", "repo_root", "sanitize", "seal",
+    "summarize", "utc_now", "verify_bytes", "verify_file", "verify_receipt",
 ]

@@ -29,6 +29,14 @@ def use_backend(monkeypatch, **options) -> None:
     monkeypatch.setattr(bench_cuda, "CudaBackend", lambda: FakeBackend(**options))
 
 
+def bench_json(folder: Path, shapes_file: Path, *args: str):
+    """`kdabench bench --shapes FILE --out FOLDER ARGS --json` (exit 0 asserted): the result and
+    its parsed JSON."""
+    result = invoke("bench", "--shapes", shapes_file, "--out", folder, *args, "--json")
+    assert result.exit_code == 0, result.output
+    return result, json.loads(result.stdout)
+
+
 def test_exit_2_without_a_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     result = invoke("bench", "--out", tmp_path)
@@ -38,10 +46,7 @@ def test_exit_2_without_a_gpu(monkeypatch, tmp_path):
 
 def test_json_output(monkeypatch, tmp_path, shapes_file):
     use_backend(monkeypatch)
-    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path / "out", "--reps", "7",
-                    "--json")
-    assert result.exit_code == 0, result.output
-    found = json.loads(result.stdout)
+    _, found = bench_json(tmp_path / "out", shapes_file, "--reps", "7")
     assert found["ok"] and found["modes"] == ["eager", "graph"] and found["fla_skipped"] is None
     assert verify_file(found["receipt"]).ok
     assert [s["shape"] for s in found["shapes"]] == ["64x1x(2x32)", "128x2x1"]
@@ -62,10 +67,8 @@ def test_table_output(monkeypatch, tmp_path, shapes_file):
 
 def test_fla_absent_message(monkeypatch, tmp_path, shapes_file):
     use_backend(monkeypatch, fla_reason="fla is not installed (No module named 'fla')")
-    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--json")
-    assert result.exit_code == 0, result.output
+    result, found = bench_json(tmp_path, shapes_file)
     assert "fla comparison skipped: fla is not installed" in result.stderr
-    found = json.loads(result.stdout)
     assert found["fla_skipped"].startswith("fla is not installed")
     assert "fla" not in found["shapes"][0]["median_ms"]["graph"]
 
@@ -108,10 +111,7 @@ def test_help_documents_exit_codes():
 
 def test_policy_mode_option(monkeypatch, tmp_path, shapes_file):
     use_backend(monkeypatch)
-    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
-                    "--policy-mode", "HEURISTIC_ONLY", "--json")
-    assert result.exit_code == 0, result.output
-    found = json.loads(result.stdout)
+    _, found = bench_json(tmp_path, shapes_file, "--no-plot", "--policy-mode", "HEURISTIC_ONLY")
     assert found["policy_mode"] == "HEURISTIC_ONLY"
     assert found["shapes"][0]["config_sources"] == {"kdabench": "fake (HEURISTIC_ONLY)",
                                                     "kdabench-c1": "fake (HEURISTIC_ONLY)"}
@@ -132,10 +132,8 @@ def test_bad_policy_mode_exits_2(monkeypatch, tmp_path, shapes_file):
 def test_baseline_policy_option(monkeypatch, tmp_path, shapes_file):
     monkeypatch.delenv("KDABENCH_POLICY_MODE", raising=False)
     use_backend(monkeypatch)
-    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
-                    "--baseline-policy", "heuristic_only", "--json")
-    assert result.exit_code == 0, result.output
-    found = json.loads(result.stdout)
+    _, found = bench_json(tmp_path, shapes_file, "--no-plot", "--baseline-policy",
+                          "heuristic_only")
     assert (found["policy_mode"], found["baseline_policy"]) == ("AUTO", "HEURISTIC_ONLY")
     assert found["shapes"][0]["policy_gain"]["graph"] == pytest.approx(0.10 / 0.08)
     assert found["shapes"][0]["median_ms"]["graph"]["kdabench-baseline"] > 0
@@ -173,10 +171,7 @@ def test_bad_baseline_policy_exits_2(monkeypatch, tmp_path, shapes_file, args, e
 
 def test_backends_option_json(monkeypatch, tmp_path, shapes_file):
     use_backend(monkeypatch)
-    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
-                    "--backends", "triton, cute", "--json")
-    assert result.exit_code == 0, result.output
-    found = json.loads(result.stdout)
+    result, found = bench_json(tmp_path, shapes_file, "--no-plot", "--backends", "triton, cute")
     assert found["ok"] and found["backends"] == ["triton", "cute"]
     shape = found["shapes"][0]
     assert shape["median_ms"]["graph"][CUTE] > 0
@@ -237,8 +232,7 @@ def test_breakdown_option(monkeypatch, tmp_path, shapes_file):
         result.stdout
     assert "64x1x(2x32) kdabench: 12 us: kda_state_pass_kernel 9, cast_kernel 4" in \
         result.stdout
-    found = json.loads(invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
-                              "--breakdown", "2", "--json").stdout)
+    _, found = bench_json(tmp_path, shapes_file, "--no-plot", "--breakdown", "2")
     assert found["shapes"][0]["breakdown"]["kdabench"]["calls"] == 2
     refused = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--breakdown", "-1")
     assert refused.exit_code == 2 and "--breakdown" in refused.output
@@ -246,10 +240,7 @@ def test_breakdown_option(monkeypatch, tmp_path, shapes_file):
 
 def test_shard_option(monkeypatch, tmp_path, shapes_file):
     use_backend(monkeypatch)
-    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
-                    "--shard", "1/2", "--json")
-    assert result.exit_code == 0, result.output
-    found = json.loads(result.stdout)
+    result, found = bench_json(tmp_path, shapes_file, "--no-plot", "--shard", "1/2")
     assert [s["shape"] for s in found["shapes"]] == ["64x1x(2x32)"]
     receipt = load_receipt(found["receipt"])
     assert receipt["config"]["shard"] == "1/2" and receipt["cases"][0]["index"] == 0
@@ -272,10 +263,8 @@ def bench_shards(monkeypatch, folder: Path, shapes_file: Path) -> list[Path]:
     use_backend(monkeypatch)
     paths = []
     for shard in ("1/2", "2/2"):
-        result = invoke("bench", "--shapes", shapes_file, "--out", folder, "--no-plot",
-                        "--reps", "5", "--shard", shard, "--json")
-        assert result.exit_code == 0, result.output
-        paths.append(Path(json.loads(result.stdout)["receipt"]))
+        _, found = bench_json(folder, shapes_file, "--no-plot", "--reps", "5", "--shard", shard)
+        paths.append(Path(found["receipt"]))
     return paths
 
 
