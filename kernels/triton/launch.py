@@ -16,10 +16,10 @@ SEARCH_BLOCK = 256
 FILL_ROWS = 64
 SUB_CHUNK = 16
 KEY_SLICE = 16  # split stage 1: key columns per product step of the blocks kernel
-# The blocks kernel's products are 16 x 16: with 4 warps every warp repeats the same dots and
-# most of the exponentials (sm_90 SASS: as many HMMA per warp at 4 warps as at 1), and 214
-# registers leave 2 programs per SM. 2 warps on 16-column key slices: 157 registers, 6 per SM.
-BLOCKS_WARPS = 2
+# The blocks kernel's products are [16, 16] x [16, CHUNK]: 4 warps split the CHUNK columns
+# (sm_90 SASS: 8 HMMA per warp per trip at 4 warps, 16 at 2) at 105 registers, 4 programs
+# (16 warps) per SM; 2 warps: 148 registers, 6 programs (12 warps) per SM.
+BLOCKS_WARPS = 4
 SOLVE_COLUMNS = 64  # split stage 1: W or U columns per solve program
 OUTPUT_BLOCK_V = 64  # split output: V columns per output program
 CHECKPOINT_BLOCK_V = 32  # V columns per checkpoint program

@@ -5,9 +5,9 @@ anchoring) from three kernels that are parallel within a chunk too.
 - kda_chunk_blocks_kernel, one program per (chunk, head, row sub-block I): qg = q exp(G),
   kd = k exp(G_last - G) (stored transposed, [K, CHUNK] per chunk), the Aqk rows of I, and row
   block I of the solve's matrix: M_IJ for J < I and (I + M_II)^-1 (repeated squaring) in place
-  of the diagonal block. Products over K accumulate KS columns at a time: a [16, K] operand
-  pair of a 16 x 16 dot is replicated in every warp, so whole-K tiles take all registers, and
-  the launch gives it few warps (launch.BLOCKS_WARPS): more would repeat the same work.
+  of the diagonal block. Each key slice of KS columns is one [16, KS] x [KS, CHUNK] product
+  per matrix against all of the chunk's earlier rows at once, so every program makes K / KS
+  trips whatever its I (v9; before, row block I made (I + 1) K / KS trips of 16 x 16 products).
 - kda_chunk_solve_kernel, one program per (chunk, head, column block of W or U): block forward
   substitution X_I = (I + M_II)^-1 (B_I - sum_{J < I} M_IJ X_J) with the sub-blocks in
   registers.
@@ -69,6 +69,10 @@ def kda_chunk_blocks_kernel(
     KS: tl.constexpr, QK_L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
 ):
+    """Row block I of M and Aqk against the whole chunk, one [SUB, KS] x [KS, CHUNK] product
+    per key slice: both sides anchored at the block's first row (the right side is kept to
+    the chunk's first (I + 1) SUB rows, where exp(G_anchor - G) <= exp(SUB |lower bound|) is
+    finite); the diagonal block is then read back and inverted in place."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     I = tl.program_id(2)
@@ -76,6 +80,7 @@ def kda_chunk_blocks_kernel(
                                          CHUNK, SEARCH_BLOCK)
     if live:
         rs = tl.arange(0, SUB)
+        rc = tl.arange(0, CHUNK)
         rk = tl.arange(0, K)
         gl_row = h * num_chunk_slots + c.to(tl.int64)
         chunk_row0 = gl_row * CHUNK
@@ -83,14 +88,18 @@ def kda_chunk_blocks_kernel(
         tmask = start + local < seqlen
         rows = (bos + start + local) * H + h
         ws_rows = chunk_row0 + local
+        # the right side: the chunk's rows up to the end of block I (later ones are upper)
+        right = (rc < (I + 1) * SUB) & (start + rc < seqlen)
+        rows_c = (bos + start + rc) * H + h
         k_norms = _inverse_norms(k, rows, rk, tmask, K, QK_L2NORM)
         q_norms = _inverse_norms(q, rows, rk, tmask, K, QK_L2NORM)
         bb = tl.load(beta + rows, mask=tmask, other=0.0).to(tl.float32)
         if BETA_SIGMOID:
             bb = tl.where(tmask, tl.sigmoid(bb), 0.0)
 
-        M = tl.zeros((SUB, SUB), tl.float32)
-        Aqk = tl.zeros((SUB, SUB), tl.float32)
+        M = tl.zeros((SUB, CHUNK), tl.float32)
+        Aqk = tl.zeros((SUB, CHUNK), tl.float32)
+        right_sumsq = tl.zeros((CHUNK,), tl.float32)
         for s in range(K // KS):
             cols = s * KS + tl.arange(0, KS)
             G = tl.load(ws_G + ws_rows[:, None] * K + cols[None, :])
@@ -102,42 +111,34 @@ def kda_chunk_blocks_kernel(
                      (qq * tl.exp(G)).to(ws_QG.dtype.element_ty))
             tl.store(ws_KD + chunk_row0 * K + cols[None, :] * CHUNK + local[:, None],
                      (kk * tl.exp(G_last[None, :] - G)).to(ws_KD.dtype.element_ty))
-            k_up = kk * tl.exp(G_anchor[None, :] - G)
-            M += tl.dot(kk * tl.exp(G - G_anchor[None, :]), tl.trans(k_up),
-                        input_precision=DOT_PRECISION)
-            Aqk += tl.dot(qq * tl.exp(G - G_anchor[None, :]), tl.trans(k_up),
-                          input_precision=DOT_PRECISION)
+            down = tl.exp(G - G_anchor[None, :])
+            G_right = tl.load(ws_G + (chunk_row0 + rc)[:, None] * K + cols[None, :],
+                              mask=right[:, None], other=0.0)
+            k_right = tl.load(k + rows_c[:, None] * K + cols[None, :], mask=right[:, None],
+                              other=0.0).to(tl.float32)
+            if QK_L2NORM:
+                right_sumsq += tl.sum(k_right * k_right, axis=1)
+            k_up = tl.trans(k_right * tl.exp(G_anchor[None, :] - G_right))
+            M += tl.dot(kk * down, k_up, input_precision=DOT_PRECISION)
+            Aqk += tl.dot(qq * down, k_up, input_precision=DOT_PRECISION)
+        if QK_L2NORM:
+            right_norms = tl.rsqrt(right_sumsq + 1e-6)
+            M = M * right_norms[None, :]
+            Aqk = Aqk * right_norms[None, :]
         a_rows = ws_A + ws_rows[:, None] * CHUNK
         aqk_rows = ws_Aqk + ws_rows[:, None] * CHUNK
-        M = tl.where(rs[:, None] > rs[None, :], M * bb[:, None], 0.0)
-        tl.store(a_rows + local[None, :], unit_lower_inverse(M, SUB))
-        Aqk = tl.where(rs[:, None] >= rs[None, :], Aqk, 0.0)
-        tl.store(aqk_rows + local[None, :], Aqk.to(ws_Aqk.dtype.element_ty))
-
-        for J in range(I):
-            cols_j = J * SUB + rs
-            tmask_j = start + cols_j < seqlen
-            rows_j = (bos + start + cols_j) * H + h
-            kj_norms = _inverse_norms(k, rows_j, rk, tmask_j, K, QK_L2NORM)
-            MJ = tl.zeros((SUB, SUB), tl.float32)
-            AqkJ = tl.zeros((SUB, SUB), tl.float32)
-            for s in range(K // KS):
-                cols = s * KS + tl.arange(0, KS)
-                G = tl.load(ws_G + ws_rows[:, None] * K + cols[None, :])
-                GJ = tl.load(ws_G + (chunk_row0 + cols_j)[:, None] * K + cols[None, :])
-                G_anchor = tl.load(ws_G + (chunk_row0 + I * SUB) * K + cols)
-                down = tl.exp(G - G_anchor[None, :])
-                kj_up = _key_slice(k, kj_norms, rows_j, cols, tmask_j, K)
-                kj_up = kj_up * tl.exp(G_anchor[None, :] - GJ)
-                MJ += tl.dot(_key_slice(k, k_norms, rows, cols, tmask, K) * down,
-                             tl.trans(kj_up), input_precision=DOT_PRECISION)
-                AqkJ += tl.dot(_key_slice(q, q_norms, rows, cols, tmask, K) * down,
-                               tl.trans(kj_up), input_precision=DOT_PRECISION)
-            tl.store(a_rows + cols_j[None, :], MJ * bb[:, None])
-            tl.store(aqk_rows + cols_j[None, :], AqkJ.to(ws_Aqk.dtype.element_ty))
-        for J in range(I + 1, CHUNK // SUB):
-            tl.store(aqk_rows + (J * SUB + rs)[None, :],
-                     tl.zeros((SUB, SUB), ws_Aqk.dtype.element_ty))
+        tl.store(aqk_rows + rc[None, :],
+                 tl.where(rc[None, :] <= local[:, None], Aqk, 0.0).to(ws_Aqk.dtype.element_ty))
+        # strictly lower rows of M times beta; the diagonal block goes through memory to be
+        # inverted as a [SUB, SUB] tile (registers cannot be sliced)
+        lower = rc[None, :] < local[:, None]
+        tl.store(a_rows + rc[None, :], M * bb[:, None], mask=lower)
+        diagonal = a_rows + local[None, :]
+        tl.store(diagonal, tl.zeros((SUB, SUB), tl.float32), mask=rs[:, None] <= rs[None, :])
+        tl.debug_barrier()
+        M_diag = tl.load(diagonal)
+        tl.debug_barrier()
+        tl.store(diagonal, unit_lower_inverse(M_diag, SUB))
 
 
 @triton.jit
