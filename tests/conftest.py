@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 import zlib
 
+import interp_memcheck
 import pytest
 import torch
-
-import interp_memcheck
 
 CUDA_AVAILABLE = torch.cuda.is_available()
 

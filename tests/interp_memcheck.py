@@ -15,6 +15,8 @@ False, changing nothing, where they are missing.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 
@@ -28,7 +30,7 @@ class _Launch:
     kernel = "?"
     starts = np.zeros(0, dtype=np.uint64)
     ends = np.zeros(0, dtype=np.uint64)
-    names: list[str] = []
+    names: ClassVar[list[str]] = []
 
     @classmethod
     def record(cls, kernel: str, named_args: list[tuple[str, object]]) -> None:

@@ -3,12 +3,11 @@ CPU tier: it must reject reads and writes past a tensor and pass masked-off ones
 
 from __future__ import annotations
 
+import interp_memcheck
 import pytest
 import torch
 import triton
 import triton.language as tl
-
-import interp_memcheck
 
 pytestmark = pytest.mark.interpreter
 
