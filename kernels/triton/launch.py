@@ -82,7 +82,8 @@ def allocate_workspaces(num_heads: int, head_dim: int, max_tokens: int, max_seqs
     if pipeline == "split":
         workspaces["ws_A"] = torch.empty(num_heads, rows, chunk_size, **f32)
         workspaces["ws_S"] = torch.empty(num_heads, chunks, head_dim, head_dim, **ops)
-        workspaces["ws_carry"] = torch.empty(max_seqs, num_heads, head_dim, head_dim, **f32)
+        workspaces["ws_carry"] = torch.empty(SPLIT_SEGMENTS, num_heads, head_dim, head_dim,
+                                             **f32)
     return workspaces
 
 
@@ -123,7 +124,7 @@ def prefill(binding) -> None:
             DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,
             num_warps=config.prepare_warps,
         )
-        _state_pass(binding, stride_slots, 0, bound_slots)
+        _state_pass(binding, stride_slots, 0, 0, bound_slots)
     checkpoint_block_v = min(K, CHECKPOINT_BLOCK_V)
     kda_checkpoint_kernel[(meta_capacity * caps.max_checkpoints, K // checkpoint_block_v, H)](
         binding.k, binding.state_pool, binding.cu_seqlens, binding.num_seqs, ws["chunk_offsets"],
@@ -145,9 +146,11 @@ def prefill(binding) -> None:
         )
 
 
-def _state_pass(binding, stride_slots: int, chunk_lo: int, chunk_hi: int) -> None:
-    """The state pass over global chunks [chunk_lo, chunk_hi): every sequence's chunks in that
-    range, from its initial state or the state the previous range left in ws_carry."""
+def _state_pass(binding, stride_slots: int, segment: int, chunk_lo: int, chunk_hi: int
+                ) -> None:
+    """The state pass over global chunks [chunk_lo, chunk_hi), range number `segment`: every
+    sequence's chunks in that range, from its initial state or the state range segment - 1
+    left in ws_carry."""
     plan = binding.plan
     caps, config, ws = plan.caps, plan.config, plan.workspaces
     H, K = caps.num_heads, caps.head_dim
@@ -160,7 +163,7 @@ def _state_pass(binding, stride_slots: int, chunk_lo: int, chunk_hi: int) -> Non
         binding.checkpoint_state_indices, *(ws[name] for name in STATE_WORKSPACES),
         *((ws["ws_S"], ws["ws_carry"]) if split else (ws["ws_U"],) * 2),
         plan.error_code, binding.scale, binding.out.shape[0], meta_capacity, stride_slots,
-        chunk_lo, chunk_hi,
+        segment, chunk_lo, chunk_hi,
         H=H, K=K, V=K, BV=config.block_v, CHUNK=config.chunk_size, CK=caps.max_checkpoints,
         DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(), SPLIT_OUTPUT=split,
         FILL_ROWS=FILL_ROWS, num_warps=config.num_warps, num_stages=config.num_stages,
@@ -174,20 +177,21 @@ def _split_segments(binding, stride_slots: int, bound_slots: int) -> None:
     sequences x V blocks x heads SMs). Nothing waits on a flag: the side stream waits on an
     event per range, so no scheduling order can deadlock it, and a CUDA graph captures the
     fork and join. Without a GPU the ranges run one after the other."""
-    size = triton.cdiv(bound_slots, max(1, min(SPLIT_SEGMENTS, bound_slots)))
+    segments = binding.plan.workspaces["ws_carry"].shape[0]  # SPLIT_SEGMENTS when planned
+    size = triton.cdiv(bound_slots, min(segments, bound_slots))
     side = _side_stream(binding.q.device) if size < bound_slots else None
     main = torch.cuda.current_stream(binding.q.device) if side is not None else None
-    for chunk_lo in range(0, bound_slots, size):
+    for segment, chunk_lo in enumerate(range(0, bound_slots, size)):
         chunk_hi = min(chunk_lo + size, bound_slots)
         _split_stage_one(binding, stride_slots, chunk_lo, chunk_hi - chunk_lo)
         if side is None:
-            _state_pass(binding, stride_slots, chunk_lo, chunk_hi)
+            _state_pass(binding, stride_slots, segment, chunk_lo, chunk_hi)
             continue
         ready = torch.cuda.Event()
         ready.record(main)
         side.wait_event(ready)
         with torch.cuda.stream(side):
-            _state_pass(binding, stride_slots, chunk_lo, chunk_hi)
+            _state_pass(binding, stride_slots, segment, chunk_lo, chunk_hi)
     if side is not None:
         main.wait_stream(side)
 
@@ -197,8 +201,8 @@ _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
     """One side stream per CUDA device for the split pipeline's pass; None off CUDA (the
-    interpreter) and with SPLIT_SEGMENTS = 1."""
-    if device.type != "cuda" or interpreted() or SPLIT_SEGMENTS == 1:
+    interpreter)."""
+    if device.type != "cuda" or interpreted():
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SIDE_STREAMS:

@@ -10,9 +10,10 @@ state S [K, BV] in registers. From stage 1's workspaces (see prepare.py):
 The fused pipeline computes o in the loop. The split one (SPLIT_OUTPUT) keeps only the state
 chain there, storing each chunk's start state (as the dots take it) and delta (over U), and
 kda_output_kernel computes o for every chunk in parallel. A launch covers the global chunks
-[chunk_lo, chunk_hi): the split pipeline runs the pass in ranges (launch.SPLIT_SEGMENTS), each
-starting from the state the range before left in ws_carry, so that one range's pass overlaps
-the next range's stage 1.
+[chunk_lo, chunk_hi), range number `segment`: the split pipeline runs the pass in ranges
+(launch.SPLIT_SEGMENTS), each starting from the state the range before left in ws_carry (one
+edge state per range, as a range edge lies inside at most one sequence), so that one range's
+pass overlaps the next range's stage 1.
 
 A checkpoint at in-chunk position p < CHUNK is the same update truncated to the chunk's first p
 tokens (from G and k): the pass leaves the chunk-start state in the checkpoint's slot and the
@@ -92,7 +93,7 @@ def _next_checkpoint(ck_off, ck_idx, n, after, none_offset, CK: tl.constexpr):
 def _state_pass(
     out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
     ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, scale, num_chunk_slots,
-    chunk_lo, chunk_hi, n, iv, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    segment, chunk_lo, chunk_hi, n, iv, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
 ):
@@ -106,14 +107,15 @@ def _state_pass(
     if (lo < hi) | ((chunks == 0) & (chunk_lo == 0)):
         rk = tl.arange(0, K)
         rv = iv * BV + tl.arange(0, BV)
-        carried = ws_carry + ((n * H + h) * K + rk[:, None]) * V + rv[None, :]
+        # a range edge lies inside at most one sequence: range r's edge state sits in slot r
+        carried = ws_carry + ((segment * H + h) * K + rk[:, None]) * V + rv[None, :]
         if lo == 0:
             init_slot = tl.load(init_idx + n).to(tl.int64)
             has_init = (rk[:, None] * 0 + rv[None, :] * 0 + init_slot) >= 0  # a full mask
             state = tl.load(pool_tile(pool, tl.maximum(init_slot, 0), h, rk, rv, H, K, V),
                             mask=has_init, other=0.0)
-        else:  # the state where the launch before this one left it
-            state = tl.load(carried)
+        else:  # the state where the range before this one left it
+            state = tl.load(carried - H * K * V)
         state = _walk_chunks(
             out, pool, ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, state,
             scale, num_chunk_slots, bos, seqlen, first_chunk, lo * CHUNK, hi * CHUNK, n, h, rk,
@@ -175,7 +177,7 @@ def _walk_chunks(
 def kda_state_pass_kernel(
     out, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
     ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, err_ptr,
-    scale, token_capacity, meta_capacity, num_chunk_slots, chunk_lo, chunk_hi,
+    scale, token_capacity, meta_capacity, num_chunk_slots, segment, chunk_lo, chunk_hi,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, FILL_ROWS: tl.constexpr,
@@ -189,7 +191,7 @@ def kda_state_pass_kernel(
         _state_pass(
             out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
             ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, scale, num_chunk_slots,
-            chunk_lo, chunk_hi, n, iv, h, H, K, V, BV, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS,
+            segment, chunk_lo, chunk_hi, n, iv, h, H, K, V, BV, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS,
             SPLIT_OUTPUT,
         )
 
