@@ -8,8 +8,9 @@ arguments, else the launch raises OutOfBoundsAccess naming the kernel, the acces
 nearest argument. A GPU's allocator rounds allocations up, so this is stricter than the device:
 it also catches reads that happen to land in padding there.
 
-It wraps three interpreter internals (GridExecutor._init_args_hst and InterpreterBuilder's
-create_masked_load / create_masked_store, the same in triton 3.6 and 3.9); `install()` says
+Atomics and tensor descriptors, which the kernels do not use, are not checked. It wraps three
+interpreter internals (GridExecutor._init_args_hst and InterpreterBuilder's
+create_masked_load / create_masked_store, present in triton 3.6 and 3.9); `install()` says
 False, changing nothing, where they are missing.
 """
 
