@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import zlib
 
-import interp_memcheck
 import pytest
 import torch
+
+from kdabench import interp_memcheck
 
 CUDA_AVAILABLE = torch.cuda.is_available()
 

@@ -420,3 +420,18 @@ def test_gpu_tier_tiny_matrix(tmp_path):
     timed = [c for c in result.cases if c["scenario"] in ("accuracy", "graph", "fault")]
     assert all(len(c["samples_ms"]) == 3 and c["median_ms"] > 0 for c in timed)
     assert verify_file(result.receipt_path).ok
+
+
+def test_cpu_tier_bounds_checks_the_interpreted_kernels():
+    """prepare_tier('cpu') installs kdabench.interp_memcheck in a fresh process (the test
+    process has it from conftest, so the check runs in a subprocess)."""
+    import subprocess
+    import sys
+
+    script = ("from kdabench.qualify.run import prepare_tier; prepare_tier('cpu'); "
+              "from triton.runtime import interpreter; "
+              "print(getattr(interpreter.InterpreterBuilder, '_kdabench_memcheck', False))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"

@@ -25,7 +25,8 @@ FAILURES_SHOWN = 20
 @click.command("qualify", epilog=EXIT_CODES_HELP)
 @click.option("--tier", type=click.Choice(TIERS), default=None,
               help="gpu: the qualification (needs a CUDA GPU). cpu: small shapes, Triton "
-              "kernels under the interpreter. Default: gpu when a GPU is present, else cpu.")
+              "kernels under the interpreter, every load and store bounds-checked. Default: "
+              "gpu when a GPU is present, else cpu.")
 @click.option("--backend", metavar="NAME", default=None,
               help="Kernel backend to qualify (default: the matrix's first, 'triton').")
 @click.option("--matrix", "matrix_path", type=click.Path(path_type=Path), default=None,

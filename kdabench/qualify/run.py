@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from kdabench import interp_memcheck
 from kdabench.kernel_records import KERNEL_RECORD_KEYS
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
 from kdabench.qualify.harness import Context
@@ -50,6 +51,7 @@ def prepare_tier(tier: str) -> torch.device:
                 "fresh process"
             )
         os.environ["TRITON_INTERPRET"] = "1"
+        interp_memcheck.install()  # a kernel reading past a tensor fails its case
         return torch.device("cpu")
     if tier != "gpu":
         raise QualifyError(f"unknown tier {tier!r}; expected cpu or gpu")

@@ -1,4 +1,5 @@
-"""Bounds checking for kernels run by the Triton interpreter.
+"""Bounds checking for kernels run by the Triton interpreter (the CPU tier of `kdabench
+qualify` and of the tests installs it).
 
 The interpreter turns every pointer into a host address and reads or writes it without a
 check, so a kernel that reads past a tensor passes the CPU tier and faults on the GPU (or,

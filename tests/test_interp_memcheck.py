@@ -1,13 +1,15 @@
-"""The interpreter's bounds check (tests/interp_memcheck.py), which conftest installs for the
-CPU tier: it must reject reads and writes past a tensor and pass masked-off ones."""
+"""The interpreter's bounds check (kdabench.interp_memcheck), which conftest and the CPU tier of
+`kdabench qualify` install: it must reject reads and writes past a tensor and pass masked-off
+ones."""
 
 from __future__ import annotations
 
-import interp_memcheck
 import pytest
 import torch
 import triton
 import triton.language as tl
+
+from kdabench import interp_memcheck
 
 pytestmark = pytest.mark.interpreter
 
