@@ -61,10 +61,9 @@ def _check(ptrs, mask, access: str, element_bytes: int) -> None:
     if inside.all():
         return
     bad = int(addresses[~inside][0])
-    nearest = int(np.argmin(np.abs(_Launch.starts.astype(np.int64) - bad))) if len(
-        _Launch.starts) else None
     where = "no tensor argument"
-    if nearest is not None:
+    if len(_Launch.starts):
+        nearest = int(np.argmin(np.abs(_Launch.starts.astype(np.int64) - bad)))
         start, end = int(_Launch.starts[nearest]), int(_Launch.ends[nearest])
         where = (f"byte {bad - start} of the storage of argument {_Launch.names[nearest]!r} "
                  f"({end - start} bytes long)")

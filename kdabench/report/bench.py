@@ -212,36 +212,36 @@ def bench_section(receipt: LoadedReceipt, plot_path: Path) -> tuple[list[str], l
     return lines, plots
 
 
-def _export_overhead(case: Mapping[str, Any]) -> tuple[str | None, float | None]:
-    """(shape label, export overhead in the case's primary mode), None where absent."""
+def _shape_label(case: Mapping[str, Any]) -> str:
+    """The label the time table uses for the case's shape (its id when it has no points)."""
+    points = bench_points(case)
+    return points[0].shape if points else str(case.get("id"))
+
+
+def _export_overhead(case: Mapping[str, Any]) -> tuple[str, float | None]:
+    """(shape label, export overhead in the case's primary mode, None where absent)."""
     overhead = case.get("export_overhead")
     if not isinstance(overhead, Mapping):
-        return None, None
-    points = bench_points(case)
-    value = to_number(overhead.get(case.get("primary_mode")))
-    return (points[0].shape if points else None), value
+        return _shape_label(case), None
+    return _shape_label(case), to_number(overhead.get(case.get("primary_mode")))
 
 
 def _breakdown_lines(cases: Sequence[Mapping[str, Any]]) -> list[str]:
     """'Where the GPU time goes': per shape and bench kernel, the GPU time of one eager call
     and its largest GPU kernels (empty without a breakdown in the receipt)."""
-    rows = []
+    rows, calls = [], None
     for case in cases:
         breakdown = case.get("breakdown")
         if not isinstance(breakdown, Mapping):
             continue
-        points = bench_points(case)
-        label = points[0].shape if points else str(case.get("id"))
         for kernel in _kernel_order(breakdown):
             record = breakdown[kernel]
             if isinstance(record, Mapping) and isinstance(record.get("kernels_us"), Mapping):
                 total, _, parts = breakdown_line(dict(record)).partition(": ")
-                rows.append([label, kernel, total.removesuffix(" us"), parts])
+                rows.append([_shape_label(case), kernel, total.removesuffix(" us"), parts])
+                calls = calls or record.get("calls")
     if not rows:
         return []
-    calls = next((c["breakdown"][k].get("calls") for c in cases
-                  if isinstance(c.get("breakdown"), Mapping) for k in c["breakdown"]
-                  if isinstance(c["breakdown"][k], Mapping)), None)
     return ["#### Where the GPU time goes", "",
             (f"torch.profiler over {calls or 'several'} eager calls per kernel, after the timed "
              "samples: the GPU time of one call and its largest GPU kernels (microseconds)."),
