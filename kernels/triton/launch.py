@@ -15,16 +15,22 @@ VALIDATE_BLOCK = 64
 SEARCH_BLOCK = 256
 FILL_ROWS = 64
 SUB_CHUNK = 16
-KEY_SLICE = 16  # split stage 1: key columns per product step of the blocks kernel
-# The blocks kernel's products are [16, 16] x [16, CHUNK]: 4 warps split the CHUNK columns
-# (sm_90 SASS: 8 HMMA per warp per trip at 4 warps, 16 at 2) at 105 registers, 4 programs
-# (16 warps) per SM; 2 warps: 148 registers, 6 programs (12 warps) per SM.
+KEY_SLICE = 32  # split stage 1: key columns per product step of the blocks kernel
+# The blocks kernel's products are [16, KEY_SLICE] x [KEY_SLICE, CHUNK]: 4 warps split the CHUNK
+# columns. H200, chunk 64 (kernels/NOTES.md, v11): slices of 32 at 4 warps beat 16 by 6-7% (8192x8
+# 121 -> 114 us, 8192x32 463 -> 430); 8 warps are 1.6-1.8x slower at any slice.
 BLOCKS_WARPS = 4
 SOLVE_COLUMNS = 64  # split stage 1: W or U columns per solve program
 OUTPUT_BLOCK_V = 64  # split output: V columns per output program
 CHECKPOINT_BLOCK_V = 32  # V columns per checkpoint program
-# split pipeline: ranges of chunks whose pass overlaps the next range's stage 1 (1: no overlap)
-SPLIT_SEGMENTS = 4
+# The split pipeline runs stage 1 and the pass in ranges of chunks, a range's pass overlapping
+# the next range's stage 1; each range costs 4 launches and an event. A range pays for itself
+# once a sequence slot holds this many chunks per range: under CUDA-graph capture, where a
+# launch costs nothing on replay, or eager, where each costs ~25 us of host time (H200,
+# kernels/NOTES.md, v11). At most SPLIT_SEGMENTS ranges (ws_carry's rows).
+SPLIT_SEGMENTS = 8
+CHUNKS_PER_SEGMENT_CAPTURED = 64
+CHUNKS_PER_SEGMENT_EAGER = 256
 KERNEL_WORKSPACES = ("ws_G", "ws_QG", "ws_KD", "ws_GL", "ws_W", "ws_U", "ws_Aqk")  # argument order
 STATE_WORKSPACES = KERNEL_WORKSPACES[1:]  # the state pass reads all but G
 
@@ -171,15 +177,18 @@ def _state_pass(binding, stride_slots: int, segment: int, chunk_lo: int, chunk_h
 
 
 def _split_segments(binding, stride_slots: int, bound_slots: int) -> None:
-    """The split pipeline's stage 1 and state pass, SPLIT_SEGMENTS ranges of chunks at a time:
+    """The split pipeline's stage 1 and state pass in ranges of chunks (split_segment_count):
     on a GPU the pass of one range runs on a side stream while stage 1 makes the next range's
     operands, so the serial pass hides behind the parallel work (its programs fill only
     sequences x V blocks x heads SMs). Nothing waits on a flag: the side stream waits on an
     event per range, so no scheduling order can deadlock it, and a CUDA graph captures the
     fork and join. Without a GPU the ranges run one after the other."""
-    segments = binding.plan.workspaces["ws_carry"].shape[0]  # SPLIT_SEGMENTS when planned
-    size = triton.cdiv(bound_slots, min(segments, bound_slots))
-    side = _side_stream(binding.q.device) if size < bound_slots else None
+    side = _side_stream(binding.q.device)
+    capturing = side is not None and torch.cuda.is_current_stream_capturing()
+    segments = split_segment_count(bound_slots, binding.cu_seqlens.numel() - 1, capturing)
+    segments = max(1, min(segments, binding.plan.workspaces["ws_carry"].shape[0], bound_slots))
+    size = triton.cdiv(bound_slots, segments)
+    side = side if size < bound_slots else None
     main = torch.cuda.current_stream(binding.q.device) if side is not None else None
     for segment, chunk_lo in enumerate(range(0, bound_slots, size)):
         chunk_hi = min(chunk_lo + size, bound_slots)
@@ -194,6 +203,15 @@ def _split_segments(binding, stride_slots: int, bound_slots: int) -> None:
             _state_pass(binding, stride_slots, segment, chunk_lo, chunk_hi)
     if side is not None:
         main.wait_stream(side)
+
+
+def split_segment_count(bound_slots: int, meta_capacity: int, capturing: bool) -> int:
+    """How many ranges the split pipeline cuts `bound_slots` chunks into: one per
+    CHUNKS_PER_SEGMENT_* chunks of a sequence slot (the pass already runs the slots side by
+    side), at least 1, at most SPLIT_SEGMENTS."""
+    per_range = CHUNKS_PER_SEGMENT_CAPTURED if capturing else CHUNKS_PER_SEGMENT_EAGER
+    per_slot = bound_slots // max(meta_capacity, 1)
+    return max(1, min(SPLIT_SEGMENTS, per_slot // per_range))
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}

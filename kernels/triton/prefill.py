@@ -11,7 +11,7 @@ The fused pipeline computes o in the loop. The split one (SPLIT_OUTPUT) keeps on
 chain there, storing each chunk's start state (as the dots take it) and delta (over U), and
 kda_output_kernel computes o for every chunk in parallel. A launch covers the global chunks
 [chunk_lo, chunk_hi), range number `segment`: the split pipeline runs the pass in ranges
-(launch.SPLIT_SEGMENTS), each starting from the state the range before left in ws_carry (one
+(launch.split_segment_count), each starting from the state the range before left in ws_carry (one
 edge state per range, as a range edge lies inside at most one sequence), so that one range's
 pass overlaps the next range's stage 1.
 

@@ -321,9 +321,14 @@ def test_split_segments_equal_one_pass_bit_for_bit(segments, seed, monkeypatch):
                 max_seqs=len(lengths), max_state_slots=num_slots, max_checkpoints=4,
                 gate="softplus")
     config = KernelConfig(chunk_size=16, block_v=32, pipeline="split")
+    passes = []
+    state_pass = launch._state_pass
+    monkeypatch.setattr(launch, "_state_pass", lambda *args: passes.append(args[2:])
+                        or state_pass(*args))
     results = []
     for count in (1, segments):
-        monkeypatch.setattr(launch, "SPLIT_SEGMENTS", count)
+        monkeypatch.setattr(launch, "split_segment_count", lambda *_, count=count: count)
+        passes.clear()
         pool = make_pool(meta, num_slots, x, seed)
         pool_before = pool.clone()
         binding = bind(plan(caps, config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
@@ -331,7 +336,26 @@ def test_split_segments_equal_one_pass_bit_for_bit(segments, seed, monkeypatch):
         result = run(binding)
         assert int(result.error_code) == 0, result.message()
         results.append((result.o.clone(), pool))
+        assert [segment for segment, _, _ in passes] == list(range(count))
+        assert passes[0][1] == 0 and all(a[2] == b[1] for a, b in zip(passes, passes[1:]))
     check_against_oracle(x, meta, pool_before, pool, result.o)
     (o_one, pool_one), (o_many, pool_many) = results
     assert torch.equal(o_many, o_one)
     assert torch.equal(pool_many, pool_one)
+
+
+@pytest.mark.parametrize("bound_slots, meta_capacity, capturing, expected", [
+    (129, 1, False, 1),    # 8192 tokens, chunk 64, eager: one range
+    (129, 1, True, 2),     # the same captured: launches are free on replay
+    (513, 1, False, 2),    # 32768 tokens eager
+    (1025, 1, False, 4),
+    (1025, 1, True, 8),    # capped at SPLIT_SEGMENTS
+    (133, 4, True, 1),     # four sequences already run four passes side by side
+    (5, 8, True, 1),       # fewer chunks than slots
+    (0, 0, False, 1),
+])
+def test_split_segment_count(bound_slots, meta_capacity, capturing, expected):
+    from kdabench.kernels.triton import launch
+
+    assert launch.SPLIT_SEGMENTS == 8
+    assert launch.split_segment_count(bound_slots, meta_capacity, capturing) == expected
