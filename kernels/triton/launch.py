@@ -15,14 +15,22 @@ VALIDATE_BLOCK = 64
 SEARCH_BLOCK = 256
 FILL_ROWS = 64
 SUB_CHUNK = 16
-KEY_SLICE = 16  # split stage 1: key columns per product step of the blocks kernel
-# The blocks kernel's products are [16, 16] x [16, CHUNK]: 4 warps split the CHUNK columns
-# (sm_90 SASS: 8 HMMA per warp per trip at 4 warps, 16 at 2) at 105 registers, 4 programs
-# (16 warps) per SM; 2 warps: 148 registers, 6 programs (12 warps) per SM.
+KEY_SLICE = 32  # split stage 1: key columns per product step of the blocks kernel
+# The blocks kernel's products are [16, KEY_SLICE] x [KEY_SLICE, CHUNK]: 4 warps split the CHUNK
+# columns. H200, chunk 64 (kernels/NOTES.md, v11): slices of 32 at 4 warps beat 16 by 6-7% (8192x8
+# 121 -> 114 us, 8192x32 463 -> 430); 8 warps are 1.6-1.8x slower at any slice.
 BLOCKS_WARPS = 4
 SOLVE_COLUMNS = 64  # split stage 1: W or U columns per solve program
 OUTPUT_BLOCK_V = 64  # split output: V columns per output program
 CHECKPOINT_BLOCK_V = 32  # V columns per checkpoint program
+# The split pipeline runs stage 1 and the pass in ranges of chunks, a range's pass overlapping
+# the next range's stage 1; each range costs 4 launches and an event. A range pays for itself
+# once a sequence slot holds this many chunks per range: under CUDA-graph capture, where a
+# launch costs nothing on replay, or eager, where each costs ~25 us of host time (H200,
+# kernels/NOTES.md, v11). At most SPLIT_SEGMENTS ranges (ws_carry's rows).
+SPLIT_SEGMENTS = 8
+CHUNKS_PER_SEGMENT_CAPTURED = 64
+CHUNKS_PER_SEGMENT_EAGER = 256
 KERNEL_WORKSPACES = ("ws_G", "ws_QG", "ws_KD", "ws_GL", "ws_W", "ws_U", "ws_Aqk")  # argument order
 STATE_WORKSPACES = KERNEL_WORKSPACES[1:]  # the state pass reads all but G
 
@@ -61,7 +69,8 @@ def allocate_workspaces(num_heads: int, head_dim: int, max_tokens: int, max_seqs
                         chunk_size: int, device: torch.device, operand_dtype: str = "float32",
                         pipeline: str = "fused") -> dict[str, torch.Tensor]:
     """The per-plan workspaces of the two-stage prefill (operands in `operand_dtype`); the split
-    pipeline adds the solve's matrix (ws_A) and the chunk-start states (ws_S)."""
+    pipeline adds the solve's matrix (ws_A), the chunk-start states (ws_S) and the state
+    carried from one segment's pass to the next (ws_carry)."""
     chunks = chunk_slots(max_tokens, max_seqs, chunk_size)
     rows = chunks * chunk_size
     f32 = {"dtype": torch.float32, "device": device}
@@ -79,6 +88,8 @@ def allocate_workspaces(num_heads: int, head_dim: int, max_tokens: int, max_seqs
     if pipeline == "split":
         workspaces["ws_A"] = torch.empty(num_heads, rows, chunk_size, **f32)
         workspaces["ws_S"] = torch.empty(num_heads, chunks, head_dim, head_dim, **ops)
+        workspaces["ws_carry"] = torch.empty(SPLIT_SEGMENTS, num_heads, head_dim, head_dim,
+                                             **f32)
     return workspaces
 
 
@@ -107,7 +118,7 @@ def prefill(binding) -> None:
     stride_slots = chunk_slots(caps.max_tokens, caps.max_seqs, config.chunk_size)
     bound_slots = chunk_slots(binding.q.shape[0], meta_capacity, config.chunk_size)
     if split:
-        _split_stage_one(binding, stride_slots, bound_slots)
+        _split_segments(binding, stride_slots, bound_slots)
     else:
         kda_chunk_prepare_kernel[(bound_slots, H)](
             binding.q, binding.k, binding.v, binding.g, binding.beta, binding.cu_seqlens,
@@ -119,17 +130,7 @@ def prefill(binding) -> None:
             DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,
             num_warps=config.prepare_warps,
         )
-    kda_state_pass_kernel[(meta_capacity, triton.cdiv(K, config.block_v), H)](
-        binding.out, binding.state_pool, binding.cu_seqlens,
-        binding.num_seqs, ws["chunk_offsets"], binding.initial_state_indices,
-        binding.final_state_indices, binding.checkpoint_offsets,
-        binding.checkpoint_state_indices, *(ws[name] for name in STATE_WORKSPACES),
-        ws["ws_S"] if split else ws["ws_U"],
-        plan.error_code, binding.scale, binding.out.shape[0], meta_capacity, stride_slots,
-        H=H, K=K, V=K, BV=config.block_v, CHUNK=config.chunk_size, CK=caps.max_checkpoints,
-        DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(), SPLIT_OUTPUT=split,
-        FILL_ROWS=FILL_ROWS, num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+        _state_pass(binding, stride_slots, 0, 0, bound_slots)
     checkpoint_block_v = min(K, CHECKPOINT_BLOCK_V)
     kda_checkpoint_kernel[(meta_capacity * caps.max_checkpoints, K // checkpoint_block_v, H)](
         binding.k, binding.state_pool, binding.cu_seqlens, binding.num_seqs, ws["chunk_offsets"],
@@ -151,29 +152,106 @@ def prefill(binding) -> None:
         )
 
 
-def _split_stage_one(binding, stride_slots: int, bound_slots: int) -> None:
-    """The split pipeline's stage 1: decay, blocks and solve kernels (prepare_blocks.py)."""
+def _state_pass(binding, stride_slots: int, segment: int, chunk_lo: int, chunk_hi: int
+                ) -> None:
+    """The state pass over global chunks [chunk_lo, chunk_hi), range number `segment`: every
+    sequence's chunks in that range, from its initial state or the state range segment - 1
+    left in ws_carry."""
+    plan = binding.plan
+    caps, config, ws = plan.caps, plan.config, plan.workspaces
+    H, K = caps.num_heads, caps.head_dim
+    split = config.pipeline == "split"
+    meta_capacity = binding.cu_seqlens.numel() - 1
+    kda_state_pass_kernel[(meta_capacity, triton.cdiv(K, config.block_v), H)](
+        binding.out, binding.state_pool, binding.cu_seqlens,
+        binding.num_seqs, ws["chunk_offsets"], binding.initial_state_indices,
+        binding.final_state_indices, binding.checkpoint_offsets,
+        binding.checkpoint_state_indices, *(ws[name] for name in STATE_WORKSPACES),
+        *((ws["ws_S"], ws["ws_carry"]) if split else (ws["ws_U"],) * 2),
+        plan.error_code, binding.scale, binding.out.shape[0], meta_capacity, stride_slots,
+        segment, chunk_lo, chunk_hi,
+        H=H, K=K, V=K, BV=config.block_v, CHUNK=config.chunk_size, CK=caps.max_checkpoints,
+        DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(), SPLIT_OUTPUT=split,
+        FILL_ROWS=FILL_ROWS, num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+def _split_segments(binding, stride_slots: int, bound_slots: int) -> None:
+    """The split pipeline's stage 1 and state pass in ranges of chunks (split_segment_count):
+    on a GPU the pass of one range runs on a side stream while stage 1 makes the next range's
+    operands, so the serial pass hides behind the parallel work (its programs fill only
+    sequences x V blocks x heads SMs). Nothing waits on a flag: the side stream waits on an
+    event per range, so no scheduling order can deadlock it, and a CUDA graph captures the
+    fork and join. Without a GPU the ranges run one after the other."""
+    side = _side_stream(binding.q.device)
+    capturing = side is not None and torch.cuda.is_current_stream_capturing()
+    segments = split_segment_count(bound_slots, binding.cu_seqlens.numel() - 1, capturing)
+    segments = max(1, min(segments, binding.plan.workspaces["ws_carry"].shape[0], bound_slots))
+    size = triton.cdiv(bound_slots, segments)
+    side = side if size < bound_slots else None
+    main = torch.cuda.current_stream(binding.q.device) if side is not None else None
+    for segment, chunk_lo in enumerate(range(0, bound_slots, size)):
+        chunk_hi = min(chunk_lo + size, bound_slots)
+        _split_stage_one(binding, stride_slots, chunk_lo, chunk_hi - chunk_lo)
+        if side is None:
+            _state_pass(binding, stride_slots, segment, chunk_lo, chunk_hi)
+            continue
+        ready = torch.cuda.Event()
+        ready.record(main)
+        side.wait_event(ready)
+        with torch.cuda.stream(side):
+            _state_pass(binding, stride_slots, segment, chunk_lo, chunk_hi)
+    if side is not None:
+        main.wait_stream(side)
+
+
+def split_segment_count(bound_slots: int, meta_capacity: int, capturing: bool) -> int:
+    """How many ranges the split pipeline cuts `bound_slots` chunks into: one per
+    CHUNKS_PER_SEGMENT_* chunks of a sequence slot (the pass already runs the slots side by
+    side), at least 1, at most SPLIT_SEGMENTS."""
+    per_range = CHUNKS_PER_SEGMENT_CAPTURED if capturing else CHUNKS_PER_SEGMENT_EAGER
+    per_slot = bound_slots // max(meta_capacity, 1)
+    return max(1, min(SPLIT_SEGMENTS, per_slot // per_range))
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """One side stream per CUDA device for the split pipeline's pass; None off CUDA (the
+    interpreter)."""
+    if device.type != "cuda" or interpreted():
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
+
+
+def _split_stage_one(binding, stride_slots: int, chunk_base: int, count: int) -> None:
+    """The split pipeline's stage 1 for global chunks chunk_base .. chunk_base + count - 1:
+    decay, blocks and solve kernels (prepare_blocks.py)."""
     plan = binding.plan
     caps, config, ws = plan.caps, plan.config, plan.workspaces
     H, K = caps.num_heads, caps.head_dim
     located = (binding.cu_seqlens, binding.num_seqs, ws["chunk_offsets"])
     solve_columns = min(K, SOLVE_COLUMNS)
-    kda_chunk_decay_kernel[(bound_slots, H)](
+    kda_chunk_decay_kernel[(count, H)](
         binding.g, binding.A_log, binding.dt_bias, *located, plan.error_code, ws["ws_G"],
-        ws["ws_GL"], float(caps.lower_bound), stride_slots,
+        ws["ws_GL"], float(caps.lower_bound), stride_slots, chunk_base,
         H=H, K=K, CHUNK=config.chunk_size, GATE=GATE_CODES[caps.gate], SEARCH_BLOCK=SEARCH_BLOCK,
         num_warps=config.prepare_warps,
     )
-    kda_chunk_blocks_kernel[(bound_slots, H, config.chunk_size // SUB_CHUNK)](
+    kda_chunk_blocks_kernel[(count, H, config.chunk_size // SUB_CHUNK)](
         binding.q, binding.k, binding.beta, *located, plan.error_code, ws["ws_G"], ws["ws_QG"],
-        ws["ws_KD"], ws["ws_A"], ws["ws_Aqk"], stride_slots,
+        ws["ws_KD"], ws["ws_A"], ws["ws_Aqk"], stride_slots, chunk_base,
         H=H, K=K, CHUNK=config.chunk_size, SUB=SUB_CHUNK, KS=min(K, KEY_SLICE),
         QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
         DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK, num_warps=BLOCKS_WARPS,
     )
-    kda_chunk_solve_kernel[(bound_slots, H, 2 * K // solve_columns)](
+    kda_chunk_solve_kernel[(count, H, 2 * K // solve_columns)](
         binding.k, binding.v, binding.beta, *located, plan.error_code, ws["ws_G"], ws["ws_A"],
-        ws["ws_W"], ws["ws_U"], stride_slots,
+        ws["ws_W"], ws["ws_U"], stride_slots, chunk_base,
         H=H, K=K, V=K, CHUNK=config.chunk_size, SUB=SUB_CHUNK, BC=solve_columns,
         QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
         DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,

@@ -9,7 +9,11 @@ state S [K, BV] in registers. From stage 1's workspaces (see prepare.py):
 
 The fused pipeline computes o in the loop. The split one (SPLIT_OUTPUT) keeps only the state
 chain there, storing each chunk's start state (as the dots take it) and delta (over U), and
-kda_output_kernel computes o for every chunk in parallel.
+kda_output_kernel computes o for every chunk in parallel. A launch covers the global chunks
+[chunk_lo, chunk_hi), range number `segment`: the split pipeline runs the pass in ranges
+(launch.split_segment_count), each starting from the state the range before left in ws_carry (one
+edge state per range, as a range edge lies inside at most one sequence), so that one range's
+pass overlaps the next range's stage 1.
 
 A checkpoint at in-chunk position p < CHUNK is the same update truncated to the chunk's first p
 tokens (from G and k): the pass leaves the chunk-start state in the checkpoint's slot and the
@@ -88,26 +92,55 @@ def _next_checkpoint(ck_off, ck_idx, n, after, none_offset, CK: tl.constexpr):
 @triton.jit
 def _state_pass(
     out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-    ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, scale, num_chunk_slots, n, iv, h,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, scale, num_chunk_slots,
+    segment, chunk_lo, chunk_hi, n, iv, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BV: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
 ):
     bos = tl.load(cu_seqlens + n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
     first_chunk = tl.load(chunk_offsets + n).to(tl.int64)
-    rk = tl.arange(0, K)
-    rv = iv * BV + tl.arange(0, BV)
+    chunks = (seqlen + CHUNK - 1) // CHUNK
+    # this launch's share of the sequence: its chunks within global chunks [chunk_lo, chunk_hi)
+    lo = tl.minimum(tl.maximum(chunk_lo - first_chunk, 0), chunks)
+    hi = tl.minimum(tl.maximum(chunk_hi - first_chunk, 0), chunks)
+    if (lo < hi) | ((chunks == 0) & (chunk_lo == 0)):
+        rk = tl.arange(0, K)
+        rv = iv * BV + tl.arange(0, BV)
+        # a range edge lies inside at most one sequence: range r's edge state sits in slot r
+        carried = ws_carry + ((segment * H + h) * K + rk[:, None]) * V + rv[None, :]
+        if lo == 0:
+            init_slot = tl.load(init_idx + n).to(tl.int64)
+            has_init = (rk[:, None] * 0 + rv[None, :] * 0 + init_slot) >= 0  # a full mask
+            state = tl.load(pool_tile(pool, tl.maximum(init_slot, 0), h, rk, rv, H, K, V),
+                            mask=has_init, other=0.0)
+        else:  # the state where the range before this one left it
+            state = tl.load(carried - H * K * V)
+        state = _walk_chunks(
+            out, pool, ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, state,
+            scale, num_chunk_slots, bos, seqlen, first_chunk, lo * CHUNK, hi * CHUNK, n, h, rk,
+            rv, H, K, V, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT)
+        if hi == chunks:
+            final_slot = tl.load(final_idx + n).to(tl.int64)
+            if final_slot >= 0:
+                tl.store(pool_tile(pool, final_slot, h, rk, rv, H, K, V), state)
+        else:
+            tl.store(carried, state)
+
+
+@triton.jit
+def _walk_chunks(
+    out, pool, ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, state, scale,
+    num_chunk_slots, bos, seqlen, first_chunk, begin, end, n, h, rk, rv, H: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
+):
+    """The state from token `begin` to `end` (chunk boundaries) of sequence n, chunk by chunk,
+    with the output (fused) or the chunk-start states (split) and the checkpoints on the way."""
     rc = tl.arange(0, CHUNK)
-
-    init_slot = tl.load(init_idx + n).to(tl.int64)
-    has_init = (rk[:, None] * 0 + rv[None, :] * 0 + init_slot) >= 0  # full mask for the interpreter
-    state = tl.load(pool_tile(pool, tl.maximum(init_slot, 0), h, rk, rv, H, K, V),
-                    mask=has_init, other=0.0)
     beyond = seqlen + CHUNK  # an offset no chunk reaches
-    next_checkpoint = _next_checkpoint(ck_off, ck_idx, n, 0, beyond, CK)
-
-    for start in range(0, seqlen, CHUNK):
+    next_checkpoint = _next_checkpoint(ck_off, ck_idx, n, begin, beyond, CK)
+    for start in range(begin, end, CHUNK):
         gl_row = h * num_chunk_slots + first_chunk + start // CHUNK
         ws_rows = gl_row * CHUNK + rc
         W = tl.load(ws_W + ws_rows[:, None] * K + rk[None, :])
@@ -137,17 +170,14 @@ def _state_pass(
             if end_slot >= 0:
                 tl.store(pool_tile(pool, end_slot, h, rk, rv, H, K, V), state)
             next_checkpoint = _next_checkpoint(ck_off, ck_idx, n, start + CHUNK, beyond, CK)
-
-    final_slot = tl.load(final_idx + n).to(tl.int64)
-    if final_slot >= 0:
-        tl.store(pool_tile(pool, final_slot, h, rk, rv, H, K, V), state)
+    return state
 
 
 @triton.jit
 def kda_state_pass_kernel(
     out, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
-    ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, err_ptr,
-    scale, token_capacity, meta_capacity, num_chunk_slots,
+    ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, err_ptr,
+    scale, token_capacity, meta_capacity, num_chunk_slots, segment, chunk_lo, chunk_hi,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, FILL_ROWS: tl.constexpr,
@@ -160,8 +190,9 @@ def kda_state_pass_kernel(
     elif n < tl.load(num_seqs_ptr):
         _state_pass(
             out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-            ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, scale, num_chunk_slots, n,
-            iv, h, H, K, V, BV, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT,
+            ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, scale, num_chunk_slots,
+            segment, chunk_lo, chunk_hi, n, iv, h, H, K, V, BV, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS,
+            SPLIT_OUTPUT,
         )
 
 

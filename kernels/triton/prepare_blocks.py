@@ -26,11 +26,12 @@ from .common import chunk_of, load_keys, load_log_decay, row_of, unit_lower_inve
 @triton.jit
 def kda_chunk_decay_kernel(
     g, a_log, dt_bias, cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, ws_G, ws_GL,
-    lower_bound, num_chunk_slots, H: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
-    GATE: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+    lower_bound, num_chunk_slots, chunk_base, H: tl.constexpr, K: tl.constexpr,
+    CHUNK: tl.constexpr, GATE: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
 ):
-    """G, the in-chunk cumulative log decay, and exp(G_last), per (chunk, head)."""
-    c = tl.program_id(0)
+    """G, the in-chunk cumulative log decay, and exp(G_last), per (chunk, head), for the
+    chunks from chunk_base on."""
+    c = chunk_base + tl.program_id(0)
     h = tl.program_id(1)
     live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
                                          CHUNK, SEARCH_BLOCK)
@@ -64,7 +65,7 @@ def _key_slice(x, norms, rows, cols, tmask, K: tl.constexpr):
 @triton.jit
 def kda_chunk_blocks_kernel(
     q, k, beta, cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr,
-    ws_G, ws_QG, ws_KD, ws_A, ws_Aqk, num_chunk_slots,
+    ws_G, ws_QG, ws_KD, ws_A, ws_Aqk, num_chunk_slots, chunk_base,
     H: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
     KS: tl.constexpr, QK_L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
@@ -72,8 +73,9 @@ def kda_chunk_blocks_kernel(
     """Row block I of M and Aqk against the whole chunk, one [SUB, KS] x [KS, CHUNK] product
     per key slice: both sides anchored at the block's first row (the right side is kept to
     the chunk's first (I + 1) SUB rows, where exp(G_anchor - G) <= exp(SUB |lower bound|) is
-    finite); the diagonal block is then read back and inverted in place."""
-    c = tl.program_id(0)
+    finite); the diagonal block is then read back and inverted in place. Chunks from
+    chunk_base on."""
+    c = chunk_base + tl.program_id(0)
     h = tl.program_id(1)
     I = tl.program_id(2)
     live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,
@@ -221,13 +223,14 @@ def _solve_columns(k, v, beta, ws_G, ws_A, out_ptr, out_stride, bos, start, seql
 @triton.jit
 def kda_chunk_solve_kernel(
     k, v, beta, cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, ws_G, ws_A, ws_W, ws_U,
-    num_chunk_slots, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr,
-    SUB: tl.constexpr, BC: tl.constexpr, QK_L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+    num_chunk_slots, chunk_base, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    CHUNK: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, QK_L2NORM: tl.constexpr,
+    BETA_SIGMOID: tl.constexpr, DOT_PRECISION: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
 ):
+    """W and U, one column block per program, for the chunks from chunk_base on."""
     tl.static_assert(CHUNK == SUB or CHUNK == 2 * SUB or CHUNK == 4 * SUB,
                      "the solve is written out for 1, 2 or 4 sub-blocks")
-    c = tl.program_id(0)
+    c = chunk_base + tl.program_id(0)
     h = tl.program_id(1)
     part = tl.program_id(2)
     live, bos, start, seqlen = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c,

@@ -436,9 +436,18 @@ SPLIT_FAULTS = ["checkpoint-on-other-final", "cu-seqlens-decreasing", "final-slo
                 "offsets-not-increasing"]
 
 
+def force_ranges(monkeypatch, count: int) -> None:
+    """Make the split pipeline cut its chunks into `count` ranges, whatever the shape."""
+    from kdabench.kernels.triton import launch
+
+    monkeypatch.setattr(launch, "split_segment_count", lambda *_: count)
+
+
+@pytest.mark.parametrize("ranges", [1, 3])
 @pytest.mark.parametrize("mutate, fault", [f[1:] for f in FAULTS if f[0] in SPLIT_FAULTS],
                          ids=SPLIT_FAULTS)
-def test_split_pipeline_fault_leaves_pool_untouched(mutate, fault):
+def test_split_pipeline_fault_leaves_pool_untouched(mutate, fault, ranges, monkeypatch):
+    force_ranges(monkeypatch, ranges)
     x, call, pool, pool_before = fault_setup()
     mutate(call)
     caps = Caps(device=DEVICE, num_heads=FAULT_HEADS, head_dim=128, max_tokens=x.q.shape[0],
@@ -473,8 +482,11 @@ GRAPH_REPLAYS = [  # lengths (the live sequences), initial slots, first slot wri
 ]
 
 
-@pytest.mark.parametrize("config", [None, SPLIT], ids=["default", "split"])
-def test_cuda_graph_replays_with_new_metadata(config):
+@pytest.mark.parametrize("config, ranges", [(None, None), (SPLIT, None), (SPLIT, 3)],
+                         ids=["default", "split", "split-3-ranges"])
+def test_cuda_graph_replays_with_new_metadata(config, ranges, monkeypatch):
+    if ranges is not None:
+        force_ranges(monkeypatch, ranges)
     x = make_inputs([GRAPH_TOKENS], GRAPH_HEADS, 128, gate="sigmoid", qk_l2norm=True,
                     beta_sigmoid=True, seed=31, device=DEVICE)
     caps = Caps(device=DEVICE, num_heads=GRAPH_HEADS, head_dim=128, max_tokens=GRAPH_TOKENS,
@@ -548,6 +560,45 @@ def test_cuda_graph_replays_with_new_metadata(config):
                              ref.prefix_states[seq][c], pool[ck_slots[seq][c]], STATE_TOL)
         for slot in sorted(set(range(GRAPH_SLOTS)) - written):
             assert torch.equal(pool[slot], pool_before[slot]), f"replay {replay}: slot {slot}"
+
+
+@pytest.mark.parametrize("ranges", [2, 8])
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "graph"])
+def test_split_ranges_equal_one_range_bit_for_bit(ranges, captured, monkeypatch):
+    """The split pipeline in ranges (each range's pass on a side stream, overlapping the next
+    range's stage 1) writes the output and pool of one range bit for bit, eager and replayed
+    from a CUDA graph; sequences cross the range edges and carry checkpoints on both sides."""
+    lengths, heads = [3000, 1, 5000, 190], 4
+    call = Call(lengths, seed=17)
+    x = padded_inputs(lengths, heads, 128, seed=17)
+    caps = Caps(device=DEVICE, num_heads=heads, head_dim=128, max_tokens=x.q.shape[0],
+                max_seqs=len(lengths), max_state_slots=call.num_slots,
+                max_checkpoints=CAPACITY)
+    config = KernelConfig(chunk_size=64, block_v=16, num_stages=3, operand_dtype="bfloat16",
+                          pipeline="split")
+    initial = torch.randn(call.num_slots, heads, 128, 128, device=DEVICE)
+    written = []
+    for count in (1, ranges):
+        force_ranges(monkeypatch, count)
+        pool = initial.clone()
+        binding = bind(plan(caps, config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                       **call.tensors())
+        binding.out.fill_(SENTINEL)
+        result = run(binding)
+        if captured:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                result = run(binding)
+            pool.copy_(initial)
+            binding.out.fill_(SENTINEL)
+            graph.replay()
+        torch.cuda.synchronize()
+        assert int(result.error_code) == 0, result.message()
+        written.append((result.o.clone(), pool))
+    (o_one, pool_one), (o_many, pool_many) = written
+    assert torch.equal(o_many, o_one)
+    assert torch.equal(pool_many, pool_one)
+    assert not torch.equal(pool_one, initial)
 
 
 # ---- (e) 64-bit pool addressing -----------------------------------------------------------------

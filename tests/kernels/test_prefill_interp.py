@@ -304,3 +304,58 @@ def test_kernel_configs_match_recurrent_oracle(pipeline, chunk_size, block_v, fu
     result = run(binding)
     assert int(result.error_code) == 0, result.message()
     check_against_oracle(x, meta, pool_before, pool, result.o)
+
+
+@pytest.mark.parametrize("segments", [2, 3, 7])
+def test_split_segments_equal_one_pass_bit_for_bit(segments, seed, monkeypatch):
+    """The split pipeline in ranges of chunks (each range's pass starting from the state the
+    previous one carried in ws_carry) gives the output and pool of one range, bit for bit:
+    sequences cross range boundaries, one is empty, checkpoints fall on both sides of them."""
+    from kdabench.kernels.triton import launch
+
+    lengths, heads, dim = [150, 0, 5, 90], 2, 64
+    checkpoints = [[1, 63, 64, 100], [N_, N_, N_, N_], [4, N_, N_, N_], [16, 32, 48, 89]]
+    x = make_inputs(lengths, heads, dim, gate="softplus", seed=seed % 1000)
+    meta, num_slots = lay_out(lengths, checkpoints, capacity=4, seed=seed)
+    caps = Caps(device="cpu", num_heads=heads, head_dim=dim, max_tokens=sum(lengths),
+                max_seqs=len(lengths), max_state_slots=num_slots, max_checkpoints=4,
+                gate="softplus")
+    config = KernelConfig(chunk_size=16, block_v=32, pipeline="split")
+    passes = []
+    state_pass = launch._state_pass
+    monkeypatch.setattr(launch, "_state_pass", lambda *args: passes.append(args[2:])
+                        or state_pass(*args))
+    results = []
+    for count in (1, segments):
+        monkeypatch.setattr(launch, "split_segment_count", lambda *_, count=count: count)
+        passes.clear()
+        pool = make_pool(meta, num_slots, x, seed)
+        pool_before = pool.clone()
+        binding = bind(plan(caps, config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                       A_log=x.A_log, dt_bias=x.dt_bias, **meta.tensors(torch.int32, vector=False))
+        result = run(binding)
+        assert int(result.error_code) == 0, result.message()
+        results.append((result.o.clone(), pool))
+        assert [segment for segment, _, _ in passes] == list(range(count))
+        assert passes[0][1] == 0 and all(a[2] == b[1] for a, b in zip(passes, passes[1:]))
+    check_against_oracle(x, meta, pool_before, pool, result.o)
+    (o_one, pool_one), (o_many, pool_many) = results
+    assert torch.equal(o_many, o_one)
+    assert torch.equal(pool_many, pool_one)
+
+
+@pytest.mark.parametrize("bound_slots, meta_capacity, capturing, expected", [
+    (129, 1, False, 1),    # 8192 tokens, chunk 64, eager: one range
+    (129, 1, True, 2),     # the same captured: launches are free on replay
+    (513, 1, False, 2),    # 32768 tokens eager
+    (1025, 1, False, 4),
+    (1025, 1, True, 8),    # capped at SPLIT_SEGMENTS
+    (133, 4, True, 1),     # four sequences already run four passes side by side
+    (5, 8, True, 1),       # fewer chunks than slots
+    (0, 0, False, 1),
+])
+def test_split_segment_count(bound_slots, meta_capacity, capturing, expected):
+    from kdabench.kernels.triton import launch
+
+    assert launch.SPLIT_SEGMENTS == 8
+    assert launch.split_segment_count(bound_slots, meta_capacity, capturing) == expected
