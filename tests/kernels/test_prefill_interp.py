@@ -8,6 +8,7 @@ the final state of a second run over its prefix: bit for bit on chunk boundaries
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -337,7 +338,7 @@ def test_split_segments_equal_one_pass_bit_for_bit(segments, seed, monkeypatch):
         assert int(result.error_code) == 0, result.message()
         results.append((result.o.clone(), pool))
         assert [segment for segment, _, _ in passes] == list(range(count))
-        assert passes[0][1] == 0 and all(a[2] == b[1] for a, b in zip(passes, passes[1:]))
+        assert passes[0][1] == 0 and all(a[2] == b[1] for a, b in itertools.pairwise(passes))
     check_against_oracle(x, meta, pool_before, pool, result.o)
     (o_one, pool_one), (o_many, pool_many) = results
     assert torch.equal(o_many, o_one)
