@@ -601,6 +601,33 @@ def test_split_ranges_equal_one_range_bit_for_bit(ranges, captured, monkeypatch)
     assert not torch.equal(pool_one, initial)
 
 
+def test_split_ranges_follow_capture(monkeypatch):
+    """The split pipeline asks for its range count as captured under a CUDA graph or not (a
+    launch costs nothing on replay, so a captured call may cut its chunks finer)."""
+    from kdabench.kernels.triton import launch
+
+    asked = []
+    policy = launch.split_segment_count
+    monkeypatch.setattr(launch, "split_segment_count",
+                        lambda slots, capacity, capturing: asked.append(capturing)
+                        or policy(slots, capacity, capturing))
+    lengths, heads = [9000], 2
+    call = Call(lengths, seed=5)
+    x = padded_inputs(lengths, heads, 128, seed=5)
+    caps = Caps(device=DEVICE, num_heads=heads, head_dim=128, max_tokens=x.q.shape[0],
+                max_seqs=1, max_state_slots=call.num_slots, max_checkpoints=CAPACITY)
+    pool = torch.zeros(call.num_slots, heads, 128, 128, device=DEVICE)
+    binding = bind(plan(caps, KernelConfig(chunk_size=64, block_v=16, pipeline="split")),
+                   x.q, x.k, x.v, x.g, x.beta, state_pool=pool, **call.tensors())
+    run(binding)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(binding)
+    assert asked == [False, True]
+    chunks = launch.chunk_slots(x.q.shape[0], 1, 64)
+    assert policy(chunks, 1, False) == 1 and policy(chunks, 1, True) == 2
+
+
 # ---- (e) 64-bit pool addressing -----------------------------------------------------------------
 
 
