@@ -1,4 +1,5 @@
-"""What a receipt says of the kernel config a case ran with: the config, its source, the mode."""
+"""What a receipt says of the kernel config a case ran with: the config, its source, the mode,
+and for the Triton split pipeline the ranges of chunks it runs in."""
 
 from __future__ import annotations
 
@@ -14,6 +15,24 @@ def config_record(config: Any, source: str, mode: str) -> dict[str, Any]:
                     strict=True))
 
 
+def split_ranges(plan: Any) -> dict[str, int] | None:
+    """{"eager": n, "graph": n}: the ranges of chunks a Triton split-pipeline plan runs in when
+    bound at its capacity, called eagerly and under CUDA-graph capture; None for other plans."""
+    if plan.caps.backend != "triton" or plan.config.pipeline != "split":
+        return None
+    from kdabench.kernels.triton.launch import chunk_slots, split_segment_count
+
+    caps = plan.caps
+    slots = chunk_slots(caps.max_tokens, caps.max_seqs, plan.config.chunk_size)
+    return {mode: split_segment_count(slots, caps.max_seqs, mode == "graph")
+            for mode in ("eager", "graph")}
+
+
 def plan_record(plan: Any) -> dict[str, Any]:
-    """The record of a plan: its config, where it came from, the mode it was resolved under."""
-    return config_record(plan.config, plan.config_source, plan.policy_mode)
+    """The record of a plan: its config, where it came from, the mode it was resolved under,
+    and ``split_ranges`` where the split pipeline runs (see :func:`split_ranges`)."""
+    record = config_record(plan.config, plan.config_source, plan.policy_mode)
+    ranges = split_ranges(plan)
+    if ranges is not None:
+        record["split_ranges"] = ranges
+    return record

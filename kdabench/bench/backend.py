@@ -93,5 +93,4 @@ class Backend(Protocol):
         """Allocate inputs, bind and warm the kernels, capture graphs for ``modes``; the
         kdabench plans resolve their configs under ``policy_mode`` (kdabench-baseline's under
         ``baseline_policy``), on ``backends[0]`` (``kdabench-<backend>`` on its backend), and
-        ``details`` carries ``kernel_configs`` = {kernel: {kernel_config, config_source,
-        policy_mode}}."""
+        ``details`` carries ``kernel_configs`` = {kernel: kdabench.kernel_records.plan_record}."""

@@ -42,8 +42,9 @@ Receipt (kind "bench"): one case per shape with the fields :mod:`kdabench.report
 ``graph_notes``, ``input_sets``, with ``breakdown_calls`` > 0 ``breakdown`` = {kernel:
 {calls, gpu_us, kernels_us}} (kdabench.bench.breakdown: where each kernel's GPU time goes),
 ``kernel_configs`` = {kernel: {kernel_config,
-config_source, policy_mode}} (what each kdabench plan resolved; a cute plan's source says
-whether its kernels came from an ahead-of-time build or a JIT compile), with a baseline,
+config_source, policy_mode[, split_ranges]}} (what each kdabench plan resolved; a cute plan's
+source says whether its kernels came from an ahead-of-time build or a JIT compile; a split
+plan's ``split_ranges`` = {eager, graph}: the ranges of chunks it runs in), with a baseline,
 ``policy_gain`` = {mode: value} and ``same_config``, and with further backends,
 ``backend_ratios`` = {kernel: {ratio_fla_over, ratio_kdabench_over: {mode: value}}}. The
 config holds the options (``policy_mode`` and ``baseline_policy`` among them: AUTO,
