@@ -42,6 +42,10 @@ from kdabench.qualify.metadata import CHUNK, CannotBuild, Metadata, build_metada
 from kdabench.qualify.profile_configs import run_profile_configs
 
 INT32_LINE = 2**31  # elements: slots past it need 64-bit addressing
+# An aligned checkpoint against its prefix run under the interpreter: the same fp32 arithmetic
+# summed in the host BLAS's order; reordering a sum of K = 128 products moves it by at most
+# 128 * 2**-24 = 7.6e-6 of the sum of magnitudes (measured: 0 to 3.5e-8).
+INTERPRETED_ALIGNED_TOL = 1e-5
 
 
 def run_accuracy(ctx: Context, case: Case, *, meta_edit=None, poison: bool = False) -> Outcome:
@@ -147,8 +151,9 @@ def run_prefix(ctx: Context, case: Case) -> Outcome:
     _, prefix_code = result_of(prefill_call(ctx, x, prefix_meta, prefix_pool, dtype, rows=rows)())
     out.require(prefix_code == 0, f"the prefix run was rejected (code {prefix_code})")
     aligned = equal = 0
-    worst_abs, worst_unaligned = 0.0, 0.0
+    worst_abs, worst_aligned, worst_unaligned = 0.0, 0.0, 0.0
     entries = meta.active_entries()
+    on_gpu = torch.device(ctx.device).type == "cuda"
     for i, (n, _, offset, slot) in enumerate(entries):
         mine, theirs = pool[slot], prefix_pool[count + i]
         if offset % CHUNK == 0:
@@ -156,11 +161,17 @@ def run_prefix(ctx: Context, case: Case) -> Outcome:
             same = bool(torch.equal(mine, theirs))
             equal += same
             worst_abs = max(worst_abs, float((mine - theirs).abs().max()))
-            out.require(same, f"checkpoint of sequence {n} at aligned offset {offset} differs "
-                        f"from the prefix run's final state (max |diff| {worst_abs:.3e})")
+            worst_aligned = max(worst_aligned, relative_error(theirs, mine))
+            out.require(same or not on_gpu, f"checkpoint of sequence {n} at aligned offset "
+                        f"{offset} differs from the prefix run's final state (max |diff| "
+                        f"{worst_abs:.3e})")
         else:
             worst_unaligned = max(worst_unaligned, relative_error(theirs, mine))
     out.errors["prefix_aligned_max_abs"] = worst_abs
+    if not on_gpu:
+        # Under the interpreter tl.dot is the host's BLAS, whose kernel may sum a product in
+        # another order when the prefix run's operands have other shapes: fp32 rounding, not bits.
+        out.within("prefix_aligned", worst_aligned, INTERPRETED_ALIGNED_TOL)
     if aligned < len(entries):
         out.within("prefix_unaligned", worst_unaligned, case.options["tolerances"]["state"])
     out.checks.update(aligned_checkpoints=aligned, aligned_bitwise_equal=equal)

@@ -3,7 +3,7 @@
 Every case checks outputs, final states and every exported checkpoint against `recurrent_kda`,
 that every live output row was written (the output is poisoned first), that no pool slot other
 than the call's destinations changed, and, kernel against kernel, that each checkpoint equals
-the final state of a second run over its prefix: bit for bit on chunk boundaries.
+the final state of a second run over its prefix to fp32 rounding (PREFIX_TOL).
 """
 
 from __future__ import annotations
@@ -21,6 +21,14 @@ from kdabench.oracles import assert_close, prefix_batch, recurrent_kda
 
 OUTPUT_TOL = 5e-3  # bf16 outputs (the interpreter truncates fp32 -> bf16: ~3.3e-3 measured)
 STATE_TOL = 3e-3  # fp32 states (~1e-7 measured on the CPU)
+# A checkpoint against the final state of a run over its prefix: the same fp32 arithmetic on the
+# same values, but not bit for bit by construction. The prefix run's operands have other shapes,
+# and under the interpreter tl.dot is numpy's BLAS, whose kernel (OPENBLAS_CORETYPE) decides the
+# order in which a product's terms are summed. A reordered fp32 sum of n terms moves by at most
+# n * 2**-24 of the sum of magnitudes: n = K = 128 products per entry, 128 * 6e-8 = 7.6e-6, and
+# a few such sums per token. Measured: 0 with the default kernel, 3.5e-8 with Haswell's; a
+# checkpoint one token off errs by ~1e-2.
+PREFIX_TOL = 1e-5
 CHUNK = 16
 SENTINEL = 16384.0  # exact in bf16; no output of these inputs comes near it
 
@@ -148,7 +156,7 @@ def check_against_oracle(x, meta, pool_before, pool, o, *, scale=None):
 
 
 def check_against_prefix_runs(x, meta, pool_before, pool, index_dtype, *, scale=None):
-    """Each checkpoint vs a second kernel run over its prefix: bitwise where chunk-aligned."""
+    """Each checkpoint vs the final state of a second kernel run over its prefix (PREFIX_TOL)."""
     active = meta.active_checkpoints()
     batch = prefix_batch(meta.cu_seqlens, [[off for off, _ in row] for row in active])
     if not batch.owners:
@@ -168,15 +176,8 @@ def check_against_prefix_runs(x, meta, pool_before, pool, index_dtype, *, scale=
     assert int(result.error_code) == 0, result.message()
     slots = [s for row in active for _, s in row]
     for i, ((n, offset), slot) in enumerate(zip(batch.owners, slots)):
-        prefix_final = prefix_pool[p + i]
-        if offset % CHUNK == 0:
-            assert torch.equal(pool[slot], prefix_final), (
-                f"sequence {n}: the checkpoint at aligned offset {offset} differs bitwise from "
-                f"the final state of a run over the prefix "
-                f"(max diff {(pool[slot] - prefix_final).abs().max().item():.3e})")
-        else:
-            assert_close(f"sequence {n} offset {offset} vs its prefix run",
-                         prefix_final, pool[slot], STATE_TOL)
+        assert_close(f"sequence {n}: the checkpoint at offset {offset} vs the final state of a "
+                     "run over its prefix", prefix_pool[p + i], pool[slot], PREFIX_TOL)
 
 
 N_ = None  # an inactive checkpoint entry, in the tables below
