@@ -39,7 +39,7 @@ TOOLCHAIN_DISTRIBUTIONS = {
     "click": "click",
     "rich": "rich",
     "numpy": "numpy",
-    "cutlass-dsl": "nvidia-cutlass-dsl",
+    "cutlass-dsl": "nvidia-cutlass-dsl-libs-base",
     "tvm-ffi": "apache-tvm-ffi",
     "fla": "flash-linear-attention",
 }

@@ -21,9 +21,8 @@ I64, I32, F32 = _ELEMENT["i64"], _ELEMENT["i32"], _ELEMENT["f32"]
 
 
 def dsl_version() -> str:
-    from importlib.metadata import version
-
-    return version("nvidia-cutlass-dsl")
+    """The CuTe DSL's version, as the DSL reports it (whichever distribution installed it)."""
+    return cutlass.__version__
 
 
 def _flat(element) -> object:
