@@ -43,11 +43,23 @@ def support_report(device: str | None = None) -> dict:
         "index_dtypes": ["int32", "int64"],
         "chunk_size": CHUNK_SIZE,
         "min_lower_bound": MIN_LOWER_BOUND,
-        "shared_memory_budget_bytes": SHARED_MEMORY_BUDGET_BYTES,
+        **_shared_memory(name, not reasons),
         "cute_eligible": not cute_reasons,
         "cute_kernels": (cute_launch.origin(torch.device(name)) if not cute_reasons
                          else "; ".join(cute_reasons)),
     }
+
+
+def _shared_memory(name: str, eligible: bool) -> dict:
+    """The heuristic configs' shared-memory budget and the GPU's own limit per block; None
+    for both where the kernels do not run on a GPU (the interpreter has no shared memory)."""
+    device = torch.device(name)
+    if device.type != "cuda" or not eligible:
+        return {"shared_memory_budget_bytes": None, "shared_memory_per_block_bytes": None}
+    properties = torch.cuda.get_device_properties(device)
+    return {"shared_memory_budget_bytes": SHARED_MEMORY_BUDGET_BYTES,
+            "shared_memory_per_block_bytes": getattr(properties, "shared_memory_per_block_optin",
+                                                     None)}
 
 
 def _cute_ineligibility(name: str) -> list[str]:

@@ -92,6 +92,17 @@ cli.add_command(bench_cmd.bench)
 cli.add_command(tune_cmd.tune)
 
 
+def _show_exit_codes(group: click.Group) -> None:
+    """Give every command under `group` the exit-code table as its --help epilog."""
+    for command in group.commands.values():
+        command.epilog = command.epilog or EXIT_CODES_HELP
+        if isinstance(command, click.Group):
+            _show_exit_codes(command)
+
+
+_show_exit_codes(cli)
+
+
 def main() -> None:
     """Console-script entry point (`kdabench`)."""
     cli(prog_name="kdabench")

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError
 from kdabench.receipts import ReceiptError, Verification, verify_file
+from kdabench.receipts.files import receipt_files
 from kdabench.sources import source_hashes
 
 
@@ -81,7 +82,7 @@ def _render(console: Console, check: Verification) -> None:
 def verify(receipts: tuple[Path, ...], require_sources_match: bool, as_json: bool) -> None:
     """Check that each RECEIPT is intact and say whether it matches the sources in hand.
 
-    For each receipt: whether its sha256 verifies (any edited byte of the file fails),
+    A RECEIPT is a file or a folder (every *.json directly in it). For each receipt: whether its sha256 verifies (any edited byte of the file fails),
     its kind, device, status and case counts, and whether the kernel and oracle source
     hashes it recorded match this tree (files that differ are listed).
 
@@ -96,7 +97,7 @@ def verify(receipts: tuple[Path, ...], require_sources_match: bool, as_json: boo
 
     checks: list[Verification] = []
     unreadable: list[str] = []
-    for path in receipts:
+    for path in receipt_files(receipts, UserError):
         try:
             checks.append(verify_file(path, current))
         except ReceiptError as error:

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import kdabench
 from kdabench import kernels as kernel_package
 from kdabench.cli.errors import Finding, user_errors
-from kdabench.cli.main import KdabenchGroup
+from kdabench.cli.main import KdabenchGroup, cli
 from kdabench.environment import DEVICE_KEYS
 
 SUPPORT_KEYS = {
@@ -30,6 +30,7 @@ SUPPORT_KEYS = {
     "chunk_size",
     "min_lower_bound",
     "shared_memory_budget_bytes",
+    "shared_memory_per_block_bytes",
 }
 
 
@@ -69,6 +70,32 @@ def test_help_explains_the_tool_and_the_exit_codes():
     assert "Exit codes:" in result.output
     for line in ("0  ok", "1  a finding", "2  bad input"):
         assert line in result.output
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()):
+    """(path, command) for every command under `group`, groups included."""
+    for name, command in sorted(group.commands.items()):
+        yield (*path, name), command
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+
+
+@pytest.mark.parametrize("path", [" ".join(path) for path, _ in _commands(cli)])
+def test_every_command_help_lists_the_exit_codes(path):
+    result = invoke(*path.split(), "--help")
+    assert result.exit_code == 0, result.output
+    assert "Exit codes:" in result.output
+    assert "2  bad input" in result.output
+
+
+def test_kernels_info_on_the_cpu_shows_no_shared_memory():
+    result = invoke("kernels", "info", "--device", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    support = json.loads(result.stdout)["support"]
+    assert support["shared_memory_budget_bytes"] is None
+    assert support["shared_memory_per_block_bytes"] is None
+    table = invoke("kernels", "info", "--device", "cpu").stdout
+    assert "KiB)" not in table.split("triton backend on cpu")[1]
 
 
 def test_kernels_help():

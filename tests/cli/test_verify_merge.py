@@ -86,6 +86,27 @@ def test_verify_many_receipts_fails_when_one_is_tampered(tmp_path: Path):
     assert "bad.json" in result.stderr and "good.json" not in result.stderr
 
 
+def test_verify_reads_a_folder_as_its_receipts(tmp_path: Path):
+    write_receipt(tmp_path, name="a.json")
+    bad = write_receipt(tmp_path, name="b.json")
+    (tmp_path / "plot.png").write_bytes(b"not a receipt")
+    assert invoke("verify", tmp_path).exit_code == 0
+    assert "2 receipt(s) verify" in invoke("verify", tmp_path).stdout
+    bad.write_bytes(bad.read_bytes().replace(b"NVIDIA H200", b"NVIDIA H100"))
+    result = invoke("verify", tmp_path)
+    assert result.exit_code == 1
+    assert "1 of 2 receipt(s) do not verify" in result.stderr and "b.json" in result.stderr
+
+
+def test_verify_missing_path_or_empty_folder_is_bad_input(tmp_path: Path):
+    missing = invoke("verify", tmp_path / "absent")
+    assert missing.exit_code == 2
+    assert missing.stderr.strip() == f"error: {tmp_path / 'absent'}: no such file or folder"
+    empty = invoke("verify", tmp_path)
+    assert empty.exit_code == 2
+    assert "a folder with no *.json receipt in it" in empty.stderr
+
+
 def test_verify_partial_receipt_verifies_and_says_partial(tmp_path: Path):
     path = tmp_path / "r.json"
     builder = new_receipt("qualify", config={"matrix": MATRIX}, command_line=["kdabench"],

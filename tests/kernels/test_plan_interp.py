@@ -188,7 +188,12 @@ def test_support_report_keys_and_values():
     assert set(report["index_dtypes"]) == {"int32", "int64"}
     assert report["chunk_size"] == 32
     assert report["min_lower_bound"] == -5.0
-    assert report["shared_memory_budget_bytes"] <= 99 * 1024
+    if torch.cuda.is_available():
+        assert report["shared_memory_budget_bytes"] <= 99 * 1024
+        assert report["shared_memory_per_block_bytes"] >= report["shared_memory_budget_bytes"]
+    else:  # the interpreter: no GPU, so no GPU's shared memory to report
+        assert report["shared_memory_budget_bytes"] is None
+        assert report["shared_memory_per_block_bytes"] is None
     assert report["interpreter"] is (not torch.cuda.is_available())
     json.dumps(report)  # plain data, ready for `kdabench kernels info --json`
 
