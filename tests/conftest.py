@@ -57,6 +57,8 @@ def rng(seed: int) -> torch.Generator:
 def cute_build(tmp_path_factory: pytest.TempPathFactory):
     """`kdabench build-kernels --arch sm_90a,sm_121a --out DIR --json`, once per session:
     (DIR, the click result). Skips without the CuTe DSL, unless $KDABENCH_REQUIRE_CUTE=1 (CI)."""
+    import kdabench.kernels.cute  # noqa: F401  (puts the DSL's packages on sys.path)
+
     try:
         import cutlass.cute  # noqa: F401
     except ImportError as exc:
