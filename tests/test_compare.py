@@ -207,11 +207,13 @@ def test_new_and_missing_cases(tmp_path: Path):
 # --------------------------------------------------------------------------- warnings
 
 
-def test_mismatched_devices_warn_and_are_still_compared(tmp_path: Path):
+def test_mismatched_devices_are_compared_only_across_device_and_warn(tmp_path: Path):
     h100 = {**DEVICE, "name": "NVIDIA H100", "sm_count": 132}
     base = write(tmp_path / "base.json", [untimed("c")])
     head = write(tmp_path / "head.json", [untimed("c")], device=h100)
-    comparison = compare_paths(base, head)
+    with pytest.raises(CompareError, match="nothing to compare.*--across device would pair"):
+        compare_paths(base, head)
+    comparison = compare_paths(base, head, across=["device"])
     assert by_id(comparison)["c"].device == "NVIDIA H200 -> NVIDIA H100"
     assert any("device differs" in w and "NVIDIA H100" in w for w in comparison.warnings)
 
@@ -296,7 +298,7 @@ def test_folders_of_receipts_are_matched_by_kind_device_and_case(tmp_path: Path)
     assert comparison.warnings == []
 
 
-def test_a_device_on_one_side_only_makes_its_cases_new_or_missing(tmp_path: Path):
+def test_a_device_on_one_side_only_is_listed_unmatched_not_compared(tmp_path: Path):
     h100, b200 = {**DEVICE, "name": "NVIDIA H100"}, {**DEVICE, "name": "NVIDIA B200"}
     write(tmp_path / "base" / "a.json", [untimed("c")])
     write(tmp_path / "head" / "a.json", [untimed("c")])
@@ -304,10 +306,10 @@ def test_a_device_on_one_side_only_makes_its_cases_new_or_missing(tmp_path: Path
     write(tmp_path / "head" / "b.json", [untimed("c")], device=b200)
     write(tmp_path / "head" / "c.json", [untimed("c")], device={**DEVICE, "name": "X"})
     comparison = compare_paths(tmp_path / "base", tmp_path / "head")
-    keyed = {(c.device, c.verdict) for c in comparison.cases}
-    assert keyed == {("NVIDIA H200", "unchanged"), ("NVIDIA H100", "missing"),
-                     ("NVIDIA B200", "new"), ("X", "new")}
-    assert any("only in BASE" in w for w in comparison.warnings)
+    assert {(c.device, c.verdict) for c in comparison.cases} == {("NVIDIA H200", "unchanged")}
+    assert {(u.side, Path(u.path).name, u.key.device) for u in comparison.unmatched} == {
+        ("BASE", "b.json", "NVIDIA H100"), ("HEAD", "b.json", "NVIDIA B200"),
+        ("HEAD", "c.json", "X")}
 
 
 def test_the_newest_receipt_wins_a_duplicate_case(tmp_path: Path):
@@ -395,7 +397,7 @@ def test_markdown_has_summary_warnings_and_every_case(tmp_path: Path):
     base = write(tmp_path / "base.json", [untimed("a|b"), untimed("gone")])
     head = write(tmp_path / "head.json", [untimed("a|b", "fail")],
                  device={**DEVICE, "name": "NVIDIA H100"})
-    text = render_markdown(compare_paths(base, head))
+    text = render_markdown(compare_paths(base, head, across=["device"]))
     lines = text.splitlines()
     assert lines[0].startswith("**kdabench compare** ❌ 1 regression(s)")
     assert any(line.startswith("> ⚠️ device differs") for line in lines)

@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy.stats import mannwhitneyu
 
 #: Case verdicts, most severe first (the order tables are sorted in).
 VERDICTS = ("failed", "regressed", "improved", "new", "missing", "unchanged")
@@ -96,6 +95,8 @@ def mann_whitney_p(base: Sequence[float], head: Sequence[float]) -> float | None
     that are all one value on both sides give 1.0."""
     if not base or not head:
         return None
+    from scipy.stats import mannwhitneyu  # half a second to import: only when a test runs
+
     p_value = float(mannwhitneyu(head, base, alternative="two-sided").pvalue)
     return 1.0 if math.isnan(p_value) else p_value
 
@@ -131,7 +132,7 @@ class CaseComparison:
     """One case of BASE against the same case of HEAD (either may be absent)."""
 
     kind: str
-    device: str                    # "NVIDIA H200", or "A -> B" when paired across names
+    device: str                    # "NVIDIA H200", or "A -> B" when paired across devices
     id: str
     verdict: str                   # one of VERDICTS
     base_verdict: str | None       # correctness verdict in each receipt
@@ -145,6 +146,7 @@ class CaseComparison:
     base_samples: int
     head_samples: int
     note: str = ""
+    backend: str | None = None     # "triton", "triton -> cute" across backends, None: no backend
 
     @property
     def is_regression(self) -> bool:
@@ -157,6 +159,7 @@ class CaseComparison:
 def compare_case(
     base: Mapping[str, Any] | None, head: Mapping[str, Any] | None,
     options: CompareOptions = CompareOptions(), *, kind: str = "", device: str = "",
+    backend: str | None = None,
 ) -> CaseComparison:
     """Compare one case dict of BASE with one of HEAD (None: absent on that side)."""
     case_id = str((base or head or {}).get("id"))
@@ -178,7 +181,7 @@ def compare_case(
         base_median_ms=base_median, head_median_ms=head_median, ratio=ratio,
         ci_low=interval[0] if interval else None, ci_high=interval[1] if interval else None,
         p_value=p_value, base_samples=len(base_samples), head_samples=len(head_samples),
-        note=note,
+        note=note, backend=backend,
     )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import invoke
+from cli_helpers import assert_one_line_error, invoke
 
 from kdabench.receipts import new_receipt
 
@@ -23,13 +23,15 @@ CASE_IDS = ["accuracy-C1-H4-K64", "accuracy-C2-H8-K128", "contract-refuses-capac
 
 
 def write(path: Path, *, slowdown: float = 1.0, flip: bool = False, kind: str = "qualify",
-          device: dict | None = None) -> Path:
+          device: dict | None = None, backend: str | None = None,
+          created_at: str = "2026-12-02T16:24:05Z") -> Path:
     """Two timed cases (30 samples, 1% noise, the first scaled by `slowdown`) and one
     untimed contract case (failing when `flip`); a bench receipt holds the samples as
-    `kdabench bench` does, per mode and kernel."""
-    builder = new_receipt(kind, config={}, command_line=["kdabench", kind],
-                          device=device or DEVICE, sources=SOURCES,
-                          created_at="2026-12-02T16:24:05Z")
+    `kdabench bench` does, per mode and kernel. A qualify receipt records `backend` when
+    given (none: Triton's)."""
+    builder = new_receipt(kind, config={"backend": backend} if backend else {},
+                          command_line=["kdabench", kind], device=device or DEVICE,
+                          sources=SOURCES, created_at=created_at)
     rng = np.random.default_rng(0)
     for case_id, scale in zip(CASE_IDS[:2], (slowdown, 1.0), strict=True):
         values = scale * (1 + 0.01 * rng.standard_normal(30))
@@ -89,7 +91,7 @@ def test_a_threshold_above_the_slowdown_exits_0(base: Path, tmp_path: Path):
 
 def test_markdown_names_every_case(base: Path, tmp_path: Path):
     head = write(tmp_path / "head.json", slowdown=1.2, device={**DEVICE, "name": "NVIDIA H100"})
-    result = invoke("compare", base, head, "--format", "markdown")
+    result = invoke("compare", base, head, "--format", "markdown", "--across", "device")
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
     assert lines[0].startswith("**kdabench compare** ❌ 1 regression(s): 3 cases")
@@ -183,7 +185,105 @@ def test_folders_are_compared(tmp_path: Path):
         ("bench", CASE_IDS[0])]
 
 
-def test_help_documents_exit_codes():
+def test_help_documents_the_pairing_and_exit_codes():
     result = invoke("compare", "--help")
     assert result.exit_code == 0
     assert "Exit codes:" in result.stdout and "--no-verify" in result.stdout
+    text = " ".join(result.stdout.split())
+    assert "same receipt kind, kernel backend, device name and case id" in text
+    assert "--across [backend|device]" in text and "never paired across backends" in text
+    for line in ("0 ok: no case regressed or failed", "1 a case regressed",
+                 "2 bad input:", "3 internal error (a bug)"):
+        assert line in text
+
+
+# --------------------------------------------------------------------------- pairing
+
+
+def pairing_section(stdout: str) -> list[str]:
+    """The lines of the text output's pairing section, stripped."""
+    lines = stdout.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("pairing by ")))
+    section = []
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        section.append(line.strip())
+    return section
+
+
+def test_a_folder_of_two_backends_against_a_triton_receipt_pairs_triton_only(tmp_path: Path):
+    """CuTe's receipt is the folder's newest and shares Triton's case ids (and is slower and
+    fails a case): it is listed as unmatched, not judged against Triton's."""
+    base = tmp_path / "base"
+    write(base / "triton.json", backend="triton", created_at="2026-12-01T00:00:00Z")
+    write(base / "cute.json", backend="cute", slowdown=1.5, flip=True,
+          created_at="2026-12-02T00:00:00Z")
+    head = write(tmp_path / "head.json", backend="triton")
+    result = invoke("compare", base, head)
+    assert result.exit_code == 0, result.output
+    assert pairing_section(result.stdout) == [
+        f"qualify, triton, NVIDIA H200: BASE {base / 'triton.json'} against HEAD {head}",
+        (f"unmatched in BASE: {base / 'cute.json'} (qualify, cute, NVIDIA H200): no receipt "
+         "of that kind/backend/device on the other side"),
+    ]
+    assert "3 unchanged" in result.stdout
+
+
+def test_backends_are_compared_across_only_with_across_backend(tmp_path: Path):
+    triton = write(tmp_path / "triton.json", backend="triton")
+    cute = write(tmp_path / "cute.json", backend="cute", slowdown=1.5)
+    refused = invoke("compare", triton, cute)
+    assert_one_line_error(refused, 2, "error: nothing to compare",
+                          "--across backend would pair them", empty_stdout=True)
+    result = invoke("compare", triton, cute, "--across", "backend", "--format", "json")
+    assert result.exit_code == 1, result.output
+    document = json.loads(result.stdout)
+    assert document["pairing"]["across"] == ["backend"]
+    assert [(pair["base"]["backend"], pair["head"]["backend"], pair["base"]["receipts"],
+             pair["head"]["receipts"]) for pair in document["pairing"]["pairs"]] == [
+        ("triton", "cute", [str(triton)], [str(cute)])]
+    assert [(case["id"], case["backend"]) for case in document["cases"]
+            if case["is_regression"]] == [(CASE_IDS[0], "triton -> cute")]
+
+
+def test_markdown_and_json_say_which_receipts_were_paired(tmp_path: Path):
+    write(tmp_path / "base" / "qualify.json")
+    write(tmp_path / "base" / "h100.json", device={**DEVICE, "name": "NVIDIA H100"})
+    head = write(tmp_path / "head.json")
+    markdown = invoke("compare", tmp_path / "base", head, "--format", "markdown")
+    assert markdown.exit_code == 0, markdown.output
+    assert "Pairing by kind/backend/device:" in markdown.stdout
+    assert (f"- qualify, triton, NVIDIA H200: BASE `{tmp_path / 'base' / 'qualify.json'}` "
+            f"against HEAD `{head}`") in markdown.stdout
+    assert (f"- unmatched in BASE: `{tmp_path / 'base' / 'h100.json'}` (qualify, triton, "
+            "NVIDIA H100): no receipt of that kind/backend/device on the other side"
+            ) in markdown.stdout
+    unmatched = json.loads(invoke("compare", tmp_path / "base", head, "--format", "json")
+                           .stdout)["pairing"]["unmatched"]
+    assert [(u["side"], u["path"], u["device"]) for u in unmatched] == [
+        ("BASE", str(tmp_path / "base" / "h100.json"), "NVIDIA H100")]
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (["--across", "kind"], "'kind' is not one of 'backend', 'device'"),
+    (["--across", "backend"], "would pair with the same receipts of the other side"),
+], ids=["unknown-field", "two-backends-on-one-side"])
+def test_bad_pairing_exits_2_with_one_line(tmp_path: Path, options: list[str], fragment: str):
+    write(tmp_path / "base" / "triton.json", backend="triton")
+    write(tmp_path / "base" / "cute.json", backend="cute")
+    head = write(tmp_path / "head.json", backend="cute")
+    assert_one_line_error(invoke("compare", tmp_path / "base", head, *options), 2, fragment)
+
+
+def test_the_committed_folder_against_its_newest_triton_receipt_exits_0():
+    head = RESULTS / "qualify-nvidia-h200-20261203T150205.json"
+    if not head.exists():
+        pytest.skip("the committed Triton receipt is not in results/")
+    result = invoke("compare", RESULTS, head)
+    assert result.exit_code == 0, result.output
+    paired = [line for line in pairing_section(result.stdout)
+              if not line.startswith("unmatched")]
+    assert len(paired) == 1 and paired[0].startswith("qualify, triton, NVIDIA H200: BASE ")
+    assert paired[0].endswith(f"against HEAD {head}")
+    assert "0 failed, 0 regressed, 0 improved, 0 new, 0 missing" in result.stdout
