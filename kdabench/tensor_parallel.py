@@ -282,8 +282,8 @@ def qualify_tensor_parallel(
     """Run the case (GPU tier: NCCL, one GPU per rank; CPU tier: gloo under the
     interpreter) and write its receipt; returns a kdabench.qualify.QualifyResult. A rank
     that dies is an "error" case, not an exception."""
-    from kdabench.qualify.run import QualifyResult, default_out_dir
-    from kdabench.receipts import free_receipt_path, new_receipt
+    from kdabench.qualify.run import QualifyResult
+    from kdabench.receipts import free_receipt_path, new_receipt, receipt_dir
 
     device = "cuda" if tier == "gpu" else "cpu"
     backend = "nccl" if tier == "gpu" else "gloo"
@@ -312,7 +312,7 @@ def qualify_tensor_parallel(
     builder = new_receipt("qualify", config=config, command_line=command_line,
                           device=devices[0] if devices[0] else device)
     builder.add_case(record)
-    path = free_receipt_path(Path(out_dir) if out_dir else default_out_dir(),
+    path = free_receipt_path(receipt_dir(out_dir),
                          builder.filename().replace("qualify-", f"qualify-tp{world_size}-", 1),
                          None)
     builder.write(path)

@@ -2,7 +2,7 @@
 
     from kdabench.bench import Bench, load_shapes
 
-    result = Bench(load_shapes(None), out_dir="results").run()
+    result = Bench(load_shapes(None)).run()     # the receipt goes to .kdabench/ ($KDABENCH_OUT)
     result.receipt_path, result.summary, result.plots
 
 Per shape, on the same input sets in one process: ``fla`` (when present and asked for),
@@ -88,7 +88,7 @@ from kdabench.bench.summary import (
 )
 from kdabench.bench.work import BYTES_FORMULA, FLOPS_FORMULA, floor
 from kdabench.matrix import MatrixError, check_shard
-from kdabench.receipts import free_receipt_path, new_receipt, sanitize
+from kdabench.receipts import free_receipt_path, new_receipt, receipt_dir, sanitize
 
 AGAINST = ("fla", "none")
 SANITY_TOLERANCE = 5e-2
@@ -220,7 +220,7 @@ class Bench:
         self.kernels += self.backend_kernels.values()
         if against == "fla" and self.fla_skipped is None:
             self.kernels.insert(0, FLA)
-        self.out_dir = Path(out_dir) if out_dir else _default_out_dir()
+        self.out_dir = receipt_dir(out_dir)
         self.command_line, self.created_at = command_line, created_at
 
     @property
@@ -445,10 +445,3 @@ def _select_shapes(shapes: ShapeSet, shard: tuple[int, int] | None
         raise BenchError(f"--shard {index}/{count} selects no shape: the shapes file has "
                          f"{len(shapes.shapes)}, so N must be at most that")
     return selected
-
-
-def _default_out_dir() -> Path:
-    from kdabench.qualification import default_results_dir
-
-    return default_results_dir()
-

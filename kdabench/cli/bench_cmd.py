@@ -52,8 +52,9 @@ def _names(text: str) -> list[str]:
               help="Run shard I of N of the shapes (position % N == I - 1); join the shard "
               "receipts with `kdabench merge`.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Folder for the receipt and plots (default: the repository's results/, or "
-              "$KDABENCH_RESULTS).")
+              help="Folder for the receipt and plots (default: $KDABENCH_OUT, else .kdabench/ "
+              "in the current directory; curated evidence goes to results/ with --out "
+              "results/).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("--plot/--no-plot", default=True, show_default=True,
               help="Draw time against T per mode as PNGs beside the receipt.")

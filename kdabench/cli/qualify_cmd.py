@@ -1,10 +1,13 @@
-"""`kdabench qualify`: run the qualification matrix and leave a receipt."""
+"""`kdabench qualify`: run the qualification matrix and leave a receipt.
+
+kdabench.qualify (torch) is imported inside the command, so `kdabench --help` stays light.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich import box
@@ -16,8 +19,10 @@ from rich.table import Table
 from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError, print_error, user_errors
 from kdabench.cli.progress import run_cases_with_progress
 from kdabench.matrix import TIERS, MatrixError, load_matrix, parse_shard, select_cases
-from kdabench.qualify import Qualification, QualifyError, QualifyResult, default_tier, fmt_error
 from kdabench.receipts import ReceiptError
+
+if TYPE_CHECKING:
+    from kdabench.qualify import Qualification, QualifyResult
 
 FAILURES_SHOWN = 20
 
@@ -35,8 +40,8 @@ FAILURES_SHOWN = 20
               help="Run shard I of N (cases whose index % N == I - 1); join the shard "
               "receipts with `kdabench merge`.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Folder for the receipt (default: the repository's results/, or "
-              "$KDABENCH_RESULTS).")
+              help="Folder for the receipt (default: $KDABENCH_OUT, else .kdabench/ in the "
+              "current directory; curated evidence goes to results/ with --out results/).")
 @click.option("--filter", "contains", metavar="SUBSTR", default=None,
               help="Only the cases whose id contains SUBSTR.")
 @click.option("--list", "list_only", is_flag=True,
@@ -76,6 +81,8 @@ def qualify(tier: str | None, backend: str | None, matrix_path: Path | None, sha
                             gpus, workers, tensor_parallel)
         _finish(result, as_json)
         return
+    from kdabench.qualify import Qualification, QualifyError, default_tier
+
     with user_errors(MatrixError, QualifyError):
         matrix = load_matrix(matrix_path)
         shard_spec = parse_shard(shard) if shard is not None else None
@@ -118,6 +125,7 @@ def _run_multi(tier: str | None, backend: str | None, matrix_path: Path | None,
     if tensor_parallel is not None:
         return _run_tensor_parallel(tensor_parallel, tier, backend, matrix_path, contains,
                                     out_dir)
+    from kdabench.qualify import QualifyError
     from kdabench.qualify.parallel import ParallelQualification
 
     with user_errors(MatrixError, QualifyError):
@@ -132,6 +140,7 @@ def _run_multi(tier: str | None, backend: str | None, matrix_path: Path | None,
 def _run_tensor_parallel(world_size: int, tier: str | None, backend: str | None,
                          matrix_path: Path | None, contains: str | None,
                          out_dir: Path | None) -> QualifyResult:
+    from kdabench.qualify import default_tier
     from kdabench.tensor_parallel import qualify_tensor_parallel
 
     if matrix_path is not None or contains is not None or backend not in (None, "triton"):
@@ -228,6 +237,8 @@ def _run_with_progress(run: Qualification) -> QualifyResult:
 
 
 def _render(console: Console, result: QualifyResult) -> None:
+    from kdabench.qualify import fmt_error
+
     table = Table(title=f"qualify · {result.receipt['config']['tier']} tier · "
                   f"{escape(str(result.receipt['device'].get('name')))}", box=box.SIMPLE_HEAD,
                   pad_edge=False, collapse_padding=True)

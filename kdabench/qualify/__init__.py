@@ -3,8 +3,8 @@
     from kdabench.matrix import load_matrix
     from kdabench.qualify import Qualification
 
-    run = Qualification(load_matrix(), tier="cpu", out_dir="results")
-    result = run.run(on_case=print)          # writes results/qualify-<device>-<time>.json
+    run = Qualification(load_matrix(), tier="cpu")
+    result = run.run(on_case=print)          # writes .kdabench/qualify-<device>-<time>.json
     result.ok, result.receipt_path, result.by_scenario
 
 Every case builds seeded inputs (kdabench.inputs) and metadata (slot indices, checkpoint
@@ -58,7 +58,6 @@ from kdabench.qualify.run import (
     Qualification,
     QualifyError,
     QualifyResult,
-    default_out_dir,
     default_tier,
     fmt_error,
     prepare_tier,
@@ -87,7 +86,7 @@ __all__ = [
     "CannotBuild", "Context", "Metadata", "Outcome", "ParallelQualification", "Qualification",
     "QualifyError", "QualifyResult", "WorkerFailed",
     "build_metadata", "check_rejected", "check_valid", "choose_offsets", "config_label",
-    "default_out_dir", "default_tier", "fmt_error", "parse_gpus", "prepare_tier", "run_accuracy",
+    "default_tier", "fmt_error", "parse_gpus", "prepare_tier", "run_accuracy",
     "run_case", "run_contract", "run_fault", "run_fuzz", "run_graph", "run_inactive",
     "run_int32_boundary", "run_invalid_fourth", "run_mirror", "run_poisoned", "run_prefix",
     "run_profile_configs", "summarize_by_scenario", "visible_gpus",

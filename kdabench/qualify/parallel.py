@@ -2,7 +2,7 @@
 
     from kdabench.qualify.parallel import ParallelQualification
 
-    run = ParallelQualification(matrix, tier="gpu", gpus="all", out_dir="results")
+    run = ParallelQualification(matrix, tier="gpu", gpus="all")  # into .kdabench/
     result = run.run(on_poll=print)     # a QualifyResult over the merged receipt
     result.ok, result.receipt_path
 
@@ -16,9 +16,9 @@ The workers' receipts are joined with :func:`kdabench.receipts.merge_receipts` (
 ``config["merged_from"]`` lists each shard's receipt hash and device) and the merged
 config gains ``config["workers"]``: per shard its label, the CUDA_VISIBLE_DEVICES it ran
 with, the device name and uuid, exit status and wall time. The merged receipt is written
-to the results folder as ``qualify-<device>-<time>.json``; the shard receipts and worker
-logs live in a temporary folder, removed when the run succeeds and kept (its path in
-the error) when a worker fails.
+to the receipt folder (``out_dir``, else $KDABENCH_OUT, else ./.kdabench) as
+``qualify-<device>-<time>.json``; the shard receipts and worker logs live in a temporary
+folder, removed when the run succeeds and kept (its path in the error) when a worker fails.
 
 A worker that exits with a finding (status 1: a failed case) still leaves a complete
 receipt and is merged; a worker that dies, or leaves no complete receipt, fails the run
@@ -39,12 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
-from kdabench.qualify.run import QualifyError, QualifyResult, default_out_dir
+from kdabench.qualify.run import QualifyError, QualifyResult
 from kdabench.receipts import (
     atomic_write_bytes,
     free_receipt_path,
     load_receipt,
     merge_receipts,
+    receipt_dir,
     receipt_filename,
     render_receipt,
     seal,
@@ -229,7 +230,7 @@ class ParallelQualification:
                                f"({', '.join(matrix.backends)})")
         self.matrix, self.tier, self.backend, self.contains = matrix, tier, backend, contains
         self.matrix_path = None if matrix_path is None else Path(matrix_path).resolve()
-        self.out_dir = Path(out_dir) if out_dir else default_out_dir()
+        self.out_dir = receipt_dir(out_dir)
         self.command_line = list(sys.argv) if command_line is None else list(command_line)
         self.python = python
         self.cases: list[Case] = select_cases(matrix.expand(tier), contains=contains)

@@ -20,7 +20,7 @@ from kdabench.kernel_records import KERNEL_RECORD_KEYS
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
 from kdabench.qualify.harness import Context
 from kdabench.qualify.scenarios import RUNNERS
-from kdabench.receipts import free_receipt_path, new_receipt
+from kdabench.receipts import free_receipt_path, new_receipt, receipt_dir
 
 
 class QualifyError(ValueError):
@@ -210,8 +210,7 @@ class Qualification:
 
         self.builder = new_receipt("qualify", config=config, command_line=command_line,
                                    device=device_identity(str(self.device)), created_at=created_at)
-        self.path = free_receipt_path(Path(out_dir) if out_dir else default_out_dir(),
-                                      self.builder.filename(), shard)
+        self.path = free_receipt_path(receipt_dir(out_dir), self.builder.filename(), shard)
         self.context = Context(self.device, self.tier, self.backend,
                                matrix.timing if self.tier == "gpu" else None, matrix.seed)
 
@@ -227,12 +226,6 @@ class Qualification:
                 if on_case:
                     on_case(record)
         return QualifyResult(self.path, self.builder.document("complete"), records)
-
-
-def default_out_dir() -> Path:
-    from kdabench.qualification import default_results_dir
-
-    return default_results_dir()
 
 
 def fmt_error(value: Any) -> str:

@@ -34,7 +34,8 @@ last partial receipt, which still verifies.
 
 The modules: `encoding` (the schema's constants, sanitising, canonical JSON, the hash, the
 one rendering, sealing), `write` (file names, atomic writes, building and writing a
-receipt), `verify` (reading and verifying) and `merge` (joining shard receipts).
+receipt), `location` (the folder a receipt goes to when no --out is given: $KDABENCH_OUT,
+else ./.kdabench), `verify` (reading and verifying) and `merge` (joining shard receipts).
 """
 
 from kdabench.receipts.encoding import (
@@ -51,6 +52,7 @@ from kdabench.receipts.encoding import (
     summarize,
     utc_now,
 )
+from kdabench.receipts.location import OUT_ENV, WORKING_FOLDER, receipt_dir
 from kdabench.receipts.merge import (
     DEVICE_UNIT_KEYS,
     SHARD_CONFIG_KEYS,
@@ -78,10 +80,11 @@ from kdabench.receipts.write import (
 )
 
 __all__ = [
-    "DEVICE_UNIT_KEYS", "KINDS", "SCHEMA", "SHARD_CONFIG_KEYS", "STATUSES", "VERDICTS",
-    "ReceiptBuilder", "ReceiptError", "ReceiptWriter", "Verification",
-    "atomic_write_bytes", "canonical_json", "compute_hash", "device_slug", "free_receipt_path",
-    "load_receipt", "merge_receipts", "missing_shards", "new_receipt", "parse_shard",
-    "read_receipt", "receipt_filename", "render_receipt", "repo_root", "sanitize", "seal",
-    "summarize", "utc_now", "verify_bytes", "verify_file", "verify_receipt",
+    "DEVICE_UNIT_KEYS", "KINDS", "OUT_ENV", "SCHEMA", "SHARD_CONFIG_KEYS", "STATUSES",
+    "VERDICTS", "WORKING_FOLDER", "ReceiptBuilder", "ReceiptError", "ReceiptWriter",
+    "Verification", "atomic_write_bytes", "canonical_json", "compute_hash", "device_slug",
+    "free_receipt_path", "load_receipt", "merge_receipts", "missing_shards", "new_receipt",
+    "parse_shard", "read_receipt", "receipt_dir", "receipt_filename", "render_receipt",
+    "repo_root", "sanitize", "seal", "summarize", "utc_now", "verify_bytes", "verify_file",
+    "verify_receipt",
 ]

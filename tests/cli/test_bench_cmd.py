@@ -65,6 +65,20 @@ def test_table_output(monkeypatch, tmp_path, shapes_file):
     assert not list(tmp_path.glob("*.png"))
 
 
+def test_without_out_the_receipt_and_plots_go_to_the_working_folder(monkeypatch, tmp_path,
+                                                                    shapes_file):
+    use_backend(monkeypatch)
+    monkeypatch.setenv("KDABENCH_OUT", str(tmp_path / "from-env"))
+    monkeypatch.chdir(tmp_path)
+    assert invoke("bench", "--shapes", shapes_file).exit_code == 0
+    monkeypatch.delenv("KDABENCH_OUT")
+    result = invoke("bench", "--shapes", shapes_file)
+    assert result.exit_code == 0, result.output
+    for folder in (tmp_path / "from-env", tmp_path / ".kdabench"):
+        assert len(list(folder.glob("bench-*.json"))) == 1
+        assert len(list(folder.glob("bench-*.png"))) == 2
+
+
 def test_fla_absent_message(monkeypatch, tmp_path, shapes_file):
     use_backend(monkeypatch, fla_reason="fla is not installed (No module named 'fla')")
     result, found = bench_json(tmp_path, shapes_file)
@@ -107,6 +121,7 @@ def test_help_documents_exit_codes():
     assert result.exit_code == 0 and "Exit codes" in result.output and "--against" in result.output
     assert "--baseline-policy" in result.output and "policy gain" in result.output
     assert "--backends" in result.output and "triton,cute" in result.output
+    assert "$KDABENCH_OUT" in result.output and "KDABENCH_RESULTS" not in result.output
 
 
 def test_policy_mode_option(monkeypatch, tmp_path, shapes_file):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,3 +178,17 @@ def test_help_documents_exit_codes():
     assert result.exit_code == 0
     for fragment in ("--tier", "--shard", "--matrix", "--filter", "--list", "Exit codes"):
         assert fragment in result.stdout
+    assert "$KDABENCH_OUT" in result.stdout and ".kdabench/" in result.stdout
+    assert "KDABENCH_RESULTS" not in result.stdout
+
+
+def test_command_modules_load_without_the_heavy_libraries():
+    """`kdabench --help` must stay fast: torch and friends load only when a command runs."""
+    modules = ", ".join(f"kdabench.cli.{name}" for name in (
+        "qualify_cmd", "bench_cmd", "serve_sweep_cmd", "serve_local_cmd", "merge_cmd", "tune_cmd"))
+    heavy = "{'torch', 'triton', 'cutlass', 'numpy', 'scipy', 'pandas', 'matplotlib'}"
+    code = (f"import sys, {modules}; "
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy}))")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True)
+    assert found.stdout.strip() == "[]", found.stdout
