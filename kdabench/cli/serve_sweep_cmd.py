@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from kdabench.receipts import ReceiptError
 from kdabench.sweep.arms import PACKAGED, ArmsError, load_arms
 from kdabench.sweep.options import SweepError, SweepOptions
 from kdabench.sweep.runner import Sweep, SweepResult
+from kdabench.sweep.servers import EMBEDDED_MAX_MODEL_LEN
 from kdabench.sweep.stats import median
 
 
@@ -49,7 +52,9 @@ def _sizes(text: str | None) -> tuple[int, ...] | None:
               help="Start the server per arm: CMD plus the arm's args, with the arm's env; "
               "'{port}' in CMD is a free port (else '--port PORT' is appended).")
 @click.option("--prompt-tokens", "prompt_tokens", metavar="N,N,...", default=None,
-              help="Prompt sizes in tokens (default: the arms file's, else 8192,16384,32768).")
+              help="Prompt sizes in tokens (default: the arms file's, else 8192,16384,32768); "
+              "each request must fit the server's max_model_len (the embedded server's: "
+              f"{EMBEDDED_MAX_MODEL_LEN}).")
 @click.option("--samples", type=int, default=None,
               help="Cold samples per arm and prompt size (default: the arms file's, else 3).")
 @click.option("--rounds", type=int, default=None,
@@ -68,8 +73,9 @@ def _sizes(text: str | None) -> tuple[int, ...] | None:
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, metavar="NAME",
               help="Environment variable holding the API key; sent, never written.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
-              default=None, help="Folder for the receipt and server logs (default: the "
-              "repository's results/, or $KDABENCH_RESULTS).")
+              default=None, help="Folder for the receipt and server logs (default: "
+              "$KDABENCH_OUT, else .kdabench/ in the current directory; curated evidence goes "
+              "to results/ with --out results/).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def serve_sweep(arms_spec: str, endpoint: str | None, launch_cmd: str | None,
                 prompt_tokens: str | None, samples: int | None, rounds: int | None,
@@ -93,7 +99,8 @@ def serve_sweep(arms_spec: str, endpoint: str | None, launch_cmd: str | None,
 
     Exit 0 when every probe and check passes; 1 when one fails or a server dies (the
     receipt is then partial); 2 for bad input (an arms file that does not load, options
-    that do not fit).
+    that do not fit, prompts longer than a server's max_model_len: checked before any
+    request is timed, and no receipt is written).
     """
     if endpoint and launch_cmd:
         raise UserError("give --endpoint URL or --launch CMD, not both")
@@ -108,10 +115,6 @@ def serve_sweep(arms_spec: str, endpoint: str | None, launch_cmd: str | None,
         mode = "launch" if launch_cmd else "attach" if endpoint else "embedded"
         if mode == "embedded" and any(arm.endpoint for arm in arms.arms):
             mode = "attach"
-        if out_dir is None:
-            from kdabench.qualification import default_results_dir
-
-            out_dir = default_results_dir()
         sweep = Sweep(arms, options, mode=mode, launch=launch_cmd, endpoint=endpoint,
                       out_dir=out_dir, api_key=os.environ.get(api_key_env) or None,
                       api_key_env=api_key_env, command_line=list(sys.argv))
@@ -163,8 +166,7 @@ def _run_live(sweep: Sweep, *, quiet: bool) -> SweepResult:
         return Group(_live_table(sweep), status)
 
     try:
-        with Live(render(), console=console, refresh_per_second=4, transient=quiet,
-                  redirect_stdout=False, redirect_stderr=False) as live:
+        with _live(console, render(), quiet=quiet) as live:
             def on_event(message: str) -> None:
                 status.plain = message
                 if "FAILED" in message or "discarded" in message:
@@ -173,9 +175,15 @@ def _run_live(sweep: Sweep, *, quiet: bool) -> SweepResult:
 
             sweep.on_event = on_event
             sweep.on_update = lambda: live.update(render())
-            result = sweep.run()
+            try:
+                result = sweep.run()
+            except SweepError:
+                live.transient = True  # bad input, nothing measured: no table to leave
+                raise
             status.plain = "done"
             live.update(render())
+    except SweepError as error:
+        raise UserError(str(error)) from error
     except KeyboardInterrupt:
         print_error(f"interrupted: the partial receipt is {sweep.path}", style="bold yellow")
         raise click.exceptions.Exit(130) from None
@@ -183,6 +191,19 @@ def _run_live(sweep: Sweep, *, quiet: bool) -> SweepResult:
         raise UserError(f"cannot write the receipt {sweep.path}: "
                         f"{error.strerror or error}") from error
     return result
+
+
+@contextlib.contextmanager
+def _live(console: Console, renderable: Group, *, quiet: bool) -> Iterator[Live]:
+    """A rich Live display on ``console``; in a pipe, its final render ends with a newline."""
+    live = Live(renderable, console=console, refresh_per_second=4, transient=quiet,
+                redirect_stdout=False, redirect_stderr=False)
+    try:
+        with live:
+            yield live
+    finally:
+        if not console.is_terminal and not live.transient:
+            console.line()  # a pipe gets the final render without its last newline
 
 
 def _render(console: Console, sweep: Sweep, result: SweepResult) -> None:

@@ -13,6 +13,7 @@ Modules, one job each:
 - :mod:`kdabench.sweep.state`: everything measured for one arm, raw (:class:`ArmState`).
 - :mod:`kdabench.sweep.phases`: the per-arm steps: server info, activation, warmups, probes,
   cold samples, shared prefix, decode.
+- :mod:`kdabench.sweep.limits`: whether the sweep's requests fit a server's max_model_len.
 - :mod:`kdabench.sweep.cases`: the receipt's cases and the live table, from the arm states.
 - :mod:`kdabench.sweep.runner`: the sweep itself: servers up, phases in order, the receipt.
 """

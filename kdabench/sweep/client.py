@@ -149,7 +149,8 @@ class ServerClient:
         return doc if isinstance(doc, dict) else {"value": doc}
 
     def resolve_model(self) -> dict[str, Any]:
-        """Read /v1/models; sets :attr:`model` to the first id. Returns {id, root, revision}."""
+        """Read /v1/models; sets :attr:`model` to the first id. Returns {id, root, revision,
+        count, max_model_len} (max_model_len: as vLLM lists it, else None)."""
         doc = self.get_json("/v1/models") or {}
         data = doc.get("data") or []
         first = data[0] if data and isinstance(data[0], dict) else {}
@@ -158,10 +159,26 @@ class ServerClient:
         if self.model is None:
             raise ServerError(f"{self.base_url}/v1/models lists no model")
         return {"id": first.get("id"), "root": first.get("root"),
-                "revision": first.get("revision"), "count": len(data)}
+                "revision": first.get("revision"), "count": len(data),
+                "max_model_len": _token_limit(first.get("max_model_len"))}
 
     def tokenize(self, prompt: str) -> int:
         """Token count of ``prompt`` from POST /tokenize."""
+        doc = self._tokenize(prompt)
+        count = doc.get("count")
+        if count is None and isinstance(doc.get("tokens"), list):
+            count = len(doc["tokens"])
+        if not isinstance(count, int):
+            raise ServerError(f"POST /tokenize gave no token count: {str(doc)[:200]}")
+        return count
+
+    def tokenize_limit(self) -> int | None:
+        """The ``max_model_len`` that POST /tokenize reports (vLLM, the embedded server);
+        None when it reports none."""
+        return _token_limit(self._tokenize("limit").get("max_model_len"))
+
+    def _tokenize(self, prompt: str) -> dict[str, Any]:
+        """POST /tokenize's answer for ``prompt``."""
         body: dict[str, Any] = {"prompt": prompt}
         if self.model:
             body["model"] = self.model
@@ -169,13 +186,13 @@ class ServerClient:
         if response.status_code != 200:
             raise ServerError(f"POST /tokenize answered {response.status_code}: "
                               f"{response.text[:200]}")
-        doc = response.json()
-        count = doc.get("count")
-        if count is None and isinstance(doc.get("tokens"), list):
-            count = len(doc["tokens"])
-        if not isinstance(count, int):
-            raise ServerError(f"POST /tokenize gave no token count: {str(doc)[:200]}")
-        return count
+        try:
+            doc = response.json()
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise ServerError(f"POST /tokenize answered no JSON object: {response.text[:200]}")
+        return doc
 
     def metrics(self) -> dict[str, float] | None:
         """The /metrics counters summed over labels; None when /metrics is not served."""
@@ -287,6 +304,13 @@ class ServerClient:
                 result.tokens.extend(lp.get("tokens") or [])
             if choice.get("finish_reason"):
                 result.finish_reason = choice["finish_reason"]
+
+
+def _token_limit(value: Any) -> int | None:
+    """A server's token limit as it reported it: a positive integer, else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
 
 
 def _choice_text(choice: dict[str, Any]) -> str:

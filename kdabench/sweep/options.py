@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+MIN_PROMPT_TOKENS = 16  # the shortest prompt a sweep sends
+
 
 class SweepError(ValueError):
     """Options that cannot make a sweep; one line for the user."""
@@ -58,8 +60,8 @@ class SweepOptions:
         return self.samples // self.round_count
 
     def validate(self) -> None:
-        if not self.prompt_tokens or any(n < 16 for n in self.prompt_tokens):
-            raise SweepError("prompt sizes must be at least 16 tokens each")
+        if not self.prompt_tokens or any(n < MIN_PROMPT_TOKENS for n in self.prompt_tokens):
+            raise SweepError(f"prompt sizes must be at least {MIN_PROMPT_TOKENS} tokens each")
         if len(set(self.prompt_tokens)) != len(self.prompt_tokens):
             raise SweepError("prompt sizes must not repeat")
         for name in ("samples", "probe_tokens", "decode_prompt_tokens", "decode_max_tokens",
@@ -68,8 +70,8 @@ class SweepOptions:
                 raise SweepError(f"{name.replace('_', ' ')} must be at least 1")
         if self.warmups < 0:
             raise SweepError("warmups must be 0 or more")
-        if self.probe_prompt_tokens is not None and self.probe_prompt_tokens < 16:
-            raise SweepError("probe prompt tokens must be at least 16")
+        if self.probe_prompt_tokens is not None and self.probe_prompt_tokens < MIN_PROMPT_TOKENS:
+            raise SweepError(f"probe prompt tokens must be at least {MIN_PROMPT_TOKENS}")
         if self.probe_tokens < 2:
             raise SweepError("probe tokens must be at least 2 (the extension uses half)")
         if self.round_count < 1 or self.samples % self.round_count:

@@ -1,8 +1,8 @@
 """The per-arm steps of a sweep: each talks to one arm's server and records into its
 :class:`~kdabench.sweep.state.ArmState`.
 
-- :func:`server_info`: ``/health``, ``/version``, ``/v1/models`` and whether ``/metrics``
-  is served.
+- :func:`server_info`: ``/health``, ``/version``, ``/v1/models``, whether ``/metrics``
+  is served, and the server's ``max_model_len`` (from ``/v1/models``, else ``/tokenize``).
 - :func:`activation_before`, :func:`activation_after`: the arm's activation patterns over
   its server log, before timing and over the log written while measuring.
 - :func:`warmups`, :func:`cold_sample`: timed samples of unique prompts; a cold sample
@@ -29,6 +29,7 @@ from kdabench.sweep.options import SweepOptions
 from kdabench.sweep.state import ArmState
 
 SAMPLE_MAX_TOKENS = 4  # a cold sample needs only its first token; a few guard empty ones
+PROBE_FILL_TOKENS = 16  # fresh text extending the probe prompt when its answer gives no prefix
 
 
 # -------------------------------------------------------------------- server and activation
@@ -37,12 +38,14 @@ SAMPLE_MAX_TOKENS = 4  # a cold sample needs only its first token; a few guard e
 def server_info(state: ArmState) -> None:
     client = state.client
     assert client is not None
+    models = client.resolve_model()
     state.info = {
         "server": state.server.describe(),
         "health": client.health(),
         "version": client.get_json("/version"),
-        "models": client.resolve_model(),
+        "models": models,
         "metrics_served": client.metrics() is not None,
+        "max_model_len": models["max_model_len"] or client.tokenize_limit(),
     }
 
 
@@ -132,7 +135,7 @@ def probes(state: ArmState, options: SweepOptions) -> None:
     if prefix_tokens:
         extension_text = prompt.text + prefix_text
     else:  # no clean answer text to extend with: extend with fresh text, no comparison
-        extension_text = prompt.text + " " + state.prompts.unique(16).text
+        extension_text = prompt.text + " " + state.prompts.unique(PROBE_FILL_TOKENS).text
     extension, extension_hits = _measure(state, extension_text, n, logprobs=True)
 
     expected_rest = cold.text[len(prefix_text):] if prefix_tokens else None

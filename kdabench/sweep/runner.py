@@ -3,6 +3,7 @@
 Order of work (DESIGN section 6)::
 
     start or attach every arm's server, wait for /health, read /version and /v1/models
+    check every request fits each server's max_model_len (else SweepError, no receipt)
     per arm: activation patterns over the log so far ("before timing")
     per arm: shape warmups (one unique prompt per size and warmup; never counted)
     per arm: probes: a cold prompt, its exact repeat and its extension by the first half
@@ -34,14 +35,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kdabench.receipts import ReceiptBuilder, new_receipt
+from kdabench.receipts import ReceiptBuilder, new_receipt, receipt_dir
 from kdabench.sweep import phases
 from kdabench.sweep.arms import ArmsFile
 from kdabench.sweep.cases import live_rows, sweep_cases
 from kdabench.sweep.client import ServerClient, ServerError, ServerGone
+from kdabench.sweep.limits import check_context
 from kdabench.sweep.options import SweepError, SweepOptions
 from kdabench.sweep.prompts import PromptError, PromptFactory
 from kdabench.sweep.servers import (
+    EMBEDDED_MAX_MODEL_LEN,
     AttachedServer,
     EmbeddedServer,
     LaunchedServer,
@@ -82,7 +85,7 @@ class Sweep:
 
     def __init__(self, arms: ArmsFile, options: SweepOptions, *, mode: str = "embedded",
                  launch: str | None = None, endpoint: str | None = None,
-                 out_dir: str | Path = "results", api_key: str | None = None,
+                 out_dir: str | Path | None = None, api_key: str | None = None,
                  api_key_env: str | None = None, command_line: list[str] | None = None,
                  device: Any = None) -> None:
         if mode not in MODES:
@@ -92,6 +95,8 @@ class Sweep:
         if mode == "attach" and not endpoint and not all(a.endpoint for a in arms.arms):
             raise SweepError("attach mode needs --endpoint URL or an endpoint for every arm")
         options.validate()
+        if mode == "embedded":
+            check_context(options, EMBEDDED_MAX_MODEL_LEN, "the embedded server")
         self.arms = arms
         self.options = options
         self.mode = mode
@@ -117,7 +122,7 @@ class Sweep:
             device = device_identity("cpu")
         self._builder = new_receipt("serve-sweep", config=config, command_line=command_line,
                                     device=device)
-        self.path = Path(out_dir) / self._builder.filename()
+        self.path = receipt_dir(out_dir) / self._builder.filename()
         self.log_dir = self.path.with_suffix("").with_name(self.path.stem + "-logs")
         self.states = [ArmState(arm=arm, server=None) for arm in arms.arms]
         self.on_event: Callable[[str], None] = lambda message: None
@@ -126,12 +131,15 @@ class Sweep:
     # ---------------------------------------------------------------- the run
 
     def run(self) -> SweepResult:
-        """Run the sweep; returns the result with the final receipt (written)."""
-        self._snapshot("partial")
+        """Run the sweep; returns the result with the final receipt (written). Raises
+        SweepError, before any receipt is written, when a server's max_model_len is too
+        short for the sweep's requests."""
         try:
             self._start_servers()
             for state in self._active():
                 self._phase(state, "server info", phases.server_info)
+            self._check_context()
+            self._snapshot("partial")
             for state in self._active():
                 self._phase(state, "activation before timing", phases.activation_before)
             for state in self._active():
@@ -165,6 +173,14 @@ class Sweep:
         ok = complete and all(case["verdict"] == "pass" for case in receipt["cases"])
         return SweepResult(receipt=receipt, receipt_path=self.path, ok=ok, complete=complete,
                            failures=failures)
+
+    def _check_context(self) -> None:
+        """SweepError when a request would not fit the max_model_len a server reported."""
+        for state in self._active():
+            limit = state.info.get("max_model_len")
+            if limit is not None:
+                check_context(self.options, limit,
+                              f"the server of arm {state.arm.name!r} ({state.server.url})")
 
     def _active(self) -> list[ArmState]:
         return [state for state in self.states if state.active]

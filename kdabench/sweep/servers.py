@@ -9,7 +9,8 @@ sweep cannot see it), ``alive()``, ``failure()`` (why it is not alive) and ``sto
 - :class:`AttachedServer` is a server somebody else runs; its log is the arm's ``log``
   file when the arms file names one.
 - :class:`EmbeddedServer` is kdabench's reference server (``kdabench.serve``), started
-  in this process with the arm's environment.
+  in this process with the arm's environment, taking prompts of up to
+  :data:`EMBEDDED_MAX_MODEL_LEN` tokens.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import httpx
 
 STOP_GRACE_S = 10.0
 HEALTH_POLL_S = 0.2
+EMBEDDED_MAX_MODEL_LEN = 65536  # the longest prompt the embedded server is started to take
 
 
 class ServerStartError(RuntimeError):
@@ -185,7 +187,8 @@ class EmbeddedServer:
                 f"the embedded reference server is not available ({error}); give "
                 "--endpoint URL or --launch CMD") from error
         kwargs: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "device": self._device,
-                                  "seed": self._seed, "env": self._env}
+                                  "seed": self._seed, "env": self._env,
+                                  "max_tokens_per_prompt": EMBEDDED_MAX_MODEL_LEN}
         self._captures_log = _accepts(start_local_server, "log")
         if self._captures_log:
             kwargs["log"] = self._log

@@ -1,10 +1,12 @@
-"""Medians with seeded bootstrap confidence intervals, for the sweep's raw samples."""
+"""Medians with seeded bootstrap confidence intervals, for the sweep's raw samples.
+
+numpy is imported where it is used, so that loading the sweep (and `kdabench --help`)
+stays light.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import numpy as np
 
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -13,6 +15,8 @@ def median(samples: Sequence[float]) -> float | None:
     """The median of ``samples``; None when there are none."""
     if len(samples) == 0:
         return None
+    import numpy as np
+
     return float(np.median(np.asarray(samples, dtype=np.float64)))
 
 
@@ -33,6 +37,8 @@ def bootstrap_ci(
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
+    import numpy as np
+
     values = np.asarray(samples, dtype=np.float64)
     if values.size == 0:
         return None

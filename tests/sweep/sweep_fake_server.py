@@ -14,6 +14,8 @@ thread (:func:`start`). Behaviour comes from environment-style flags:
     FAKE_DRIFT=0              added to the logprobs of a request that hit the cache
     FAKE_SPEC=0|1             speculative decoding counters (2 accepted per 3 drafts)
     FAKE_TAG=text             printed in the start line (for activation patterns)
+    FAKE_MAX_MODEL_LEN=N      refuse (400) a completion whose prompt and max_tokens exceed N
+    FAKE_LIMIT_IN=models      where N is reported: /v1/models (as vLLM), or tokenize
 
 The model is autoregressive and deterministic: the next character depends on the last
 eight characters of the context, so extending a prompt by the start of its own answer
@@ -96,8 +98,8 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/version":
             self._json({"version": "fake-1.0"})
         elif self.path == "/v1/models":
-            self._json({"data": [{"id": "fake-model", "root": "fake/root",
-                                  "revision": "abc123"}]})
+            model = {"id": "fake-model", "root": "fake/root", "revision": "abc123"}
+            self._json({"data": [{**model, **self._limit("models")}]})
         elif self.path == "/metrics":
             with self.state.lock:
                 lines = [f'{name}{{model_name="fake-model"}} {value}'
@@ -110,11 +112,19 @@ class Handler(BaseHTTPRequestHandler):
         body = self._body()
         if self.path == "/tokenize":
             prompt = body.get("prompt", "")
-            self._json({"tokens": list(prompt.encode()), "count": len(prompt.encode())})
+            self._json({"tokens": list(prompt.encode()), "count": len(prompt.encode()),
+                        **self._limit("tokenize")})
         elif self.path == "/v1/completions":
             self._complete(body)
         else:
             self._json({"error": "not found"}, 404)
+
+    def _limit(self, where: str) -> dict:
+        """{"max_model_len": N} where FAKE_LIMIT_IN says it is reported, else {}."""
+        limit = self.state.flag("FAKE_MAX_MODEL_LEN", "")
+        if not limit or self.state.flag("FAKE_LIMIT_IN", "models") != where:
+            return {}
+        return {"max_model_len": int(limit)}
 
     def _chunk(self, payload: str) -> None:
         data = f"data: {payload}\n\n".encode()
@@ -124,6 +134,12 @@ class Handler(BaseHTTPRequestHandler):
     def _complete(self, body: dict) -> None:
         state = self.state
         prompt = body["prompt"]
+        limit = int(state.number("FAKE_MAX_MODEL_LEN", 0))
+        if limit and len(prompt) + int(body.get("max_tokens", 16)) > limit:
+            state.log(f"fake: refused prompt_tokens={len(prompt)}")
+            self._json({"error": {"message": f"maximum context length is {limit} tokens"}},
+                       400)
+            return
         with state.lock:
             state.requests += 1
             number = state.requests

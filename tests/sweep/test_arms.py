@@ -106,3 +106,10 @@ def test_missing_arms_file_and_bad_options(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "rounds divide samples" in result.stderr
     result = runner.invoke(cli, ["serve-sweep", "--prompt-tokens", "abc"])
     assert result.exit_code == 2 and "comma-separated" in result.stderr
+
+
+def test_help_names_the_receipt_folder_and_the_prompt_limit() -> None:
+    result = CliRunner().invoke(cli, ["serve-sweep", "--help"], prog_name="kdabench")
+    assert result.exit_code == 0
+    assert "$KDABENCH_OUT" in result.stdout and ".kdabench/" in result.stdout
+    assert "KDABENCH_RESULTS" not in result.stdout and "max_model_len" in result.stdout

@@ -328,3 +328,59 @@ def test_embedded_server_shared_prefix_reuses_checkpoints(tmp_path: Path) -> Non
     assert cases["server/checkpoints"]["activation"] == "passed"
     assert cases["shared-prefix/checkpoints"]["p2_cached_tokens"] == [1024]
     assert cases["shared-prefix/final-only"]["p2_cached_tokens"] == [0]
+
+
+# ---------------------------------------------------------------------------- context limit
+
+
+def test_prompts_past_the_embedded_servers_limit_exit_2_before_any_server(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["serve-sweep", "--prompt-tokens", "100000", "--out",
+                                      str(out)], prog_name="kdabench")
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "--prompt-tokens 100000" in lines[0] and "at most 65536" in lines[0]
+    assert "max_model_len" in lines[0] and "give at most 65532" in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("where", ["models", "tokenize"])
+def test_prompts_past_a_servers_max_model_len_exit_2_unsent(tmp_path: Path, attached,
+                                                             where: str) -> None:
+    url, lines = attached(FAKE_MAX_MODEL_LEN="100", FAKE_LIMIT_IN=where)
+    arms = tmp_path / "arms.toml"
+    arms.write_text(one_arm())
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["serve-sweep", "--arms", str(arms), "--endpoint", url,
+                                      "--prompt-tokens", "64,128", "--out", str(out)],
+                                prog_name="kdabench")
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    header, error = result.stderr.strip().splitlines()  # no table: nothing was measured
+    assert header.startswith("serve-sweep · 1 arms") and error.startswith(
+        "error: --prompt-tokens 128: a request would need 132 tokens"), result.stderr
+    assert "at most 100 (its max_model_len)" in error and "give at most 96" in error
+    assert not list(out.glob("serve-sweep-*.json"))
+    assert not [line for line in lines if "prompt_tokens=" in line]  # no completion sent
+
+
+def test_prompts_within_max_model_len_run_and_record_it(tmp_path: Path, attached) -> None:
+    url, _ = attached(FAKE_MAX_MODEL_LEN="1056", FAKE_LIMIT_IN="tokenize")  # decode: 32 + 1024
+    result, receipt, _ = sweep(tmp_path, one_arm(), "--endpoint", url, "--prompt-tokens", "64")
+    assert result.exit_code == 0, result.output
+    assert receipt["config"]["servers"]["only"]["max_model_len"] == 1056
+
+
+def test_without_out_the_receipt_goes_to_the_working_folder(tmp_path: Path, attached,
+                                                            monkeypatch) -> None:
+    url, _ = attached()
+    arms = tmp_path / "arms.toml"
+    arms.write_text(one_arm())
+    monkeypatch.delenv("KDABENCH_OUT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["serve-sweep", "--arms", str(arms), "--endpoint", url,
+                                      "--prompt-tokens", "64"], prog_name="kdabench")
+    assert result.exit_code == 0, result.output
+    receipts = list((tmp_path / ".kdabench").glob("serve-sweep-*.json"))
+    assert len(receipts) == 1 and verify_file(receipts[0]).ok
