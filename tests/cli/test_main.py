@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -209,3 +212,30 @@ def test_findings_and_library_errors_map_to_their_exit_codes():
     result = CliRunner().invoke(group, ["refuses"])
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: matrix.toml: axis 'capacity' lists 3, allowed 1, 2, 4"
+
+
+HEAVY = ("torch", "triton", "cutlass")
+RUN_AND_LIST_HEAVY = f"""
+import sys
+from kdabench.cli.main import cli
+try:
+    cli(sys.argv[1:], prog_name="kdabench")
+except SystemExit as stop:
+    assert not stop.code, stop.code
+print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))
+"""
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"], ["verify", "results/"],
+    ["compare", "results/", "results/qualify-nvidia-h200-20261203T150205.json"],
+    ["report", "results/", "--out", "{tmp}"],
+], ids=["help", "verify", "compare", "report"])
+def test_commands_on_json_receipts_import_no_torch_triton_or_cute(args, tmp_path):
+    """--help, verify, compare and report read JSON: they must start fast (README figure)."""
+    repository = Path(__file__).resolve().parents[2]
+    args = [arg.format(tmp=tmp_path / "report") for arg in args]
+    done = subprocess.run([sys.executable, "-c", RUN_AND_LIST_HEAVY, *args], cwd=repository,
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-500:]
