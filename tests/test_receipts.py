@@ -29,6 +29,7 @@ from kdabench.receipts import (
     verify_file,
     verify_receipt,
 )
+from kdabench.receipts.write import portable_command_line
 from kdabench.sources import source_hashes
 
 H200 = {
@@ -539,3 +540,18 @@ def test_merge_refuses_nothing_and_repeated_shards():
     again.add_case(cases_b[0])
     with pytest.raises(ReceiptError, match="same shard appears twice"):
         merge_receipts([one.document(), again.document()])
+
+
+def test_the_command_line_names_no_machine_folder(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    argv = ["/opt/venv/bin/kdabench", "qualify", "--out", str(work / "results"),
+            f"--matrix={work / 'm.toml'}", "--out", "/root/out/results", "relative/x", "-x"]
+    assert portable_command_line(argv, work) == [
+        "kdabench", "qualify", "--out", "results", "--matrix=m.toml", "--out", "results",
+        "relative/x", "-x"]
+    monkeypatch.chdir(tmp_path)
+    builder = new_receipt("qualify", config={}, command_line=argv, device={"name": "cpu"},
+                          sources={}, created_at="2026-12-04T17:00:00Z")
+    assert builder.command_line == ["kdabench", "qualify", "--out", "work/results",
+                                    "--matrix=work/m.toml", "--out", "results", "relative/x",
+                                    "-x"]

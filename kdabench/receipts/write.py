@@ -139,7 +139,7 @@ class ReceiptBuilder:
         _check_kind(kind)
         self.kind = kind
         self.config = sanitize(dict(config))
-        self.command_line = [str(arg) for arg in command_line]
+        self.command_line = portable_command_line(command_line, Path.cwd())
         self.device = sanitize(dict(device))
         self.toolchain = sanitize(dict(toolchain))
         self.git = sanitize(dict(git))
@@ -205,6 +205,28 @@ class ReceiptBuilder:
     def writer(self, path: str | os.PathLike, *, every: int = 1) -> ReceiptWriter:
         """A :class:`ReceiptWriter` for this builder (see there)."""
         return ReceiptWriter(self, path, every=every)
+
+
+def portable_command_line(argv: Sequence[str], cwd: Path) -> list[str]:
+    """``argv`` as a receipt records it, naming no machine's folders: the program by its
+    name, an absolute path relative to ``cwd`` (where the command ran) when it lies inside,
+    else by its last component."""
+    def portable(value: str) -> str:
+        path = Path(value)
+        if not path.is_absolute():
+            return value
+        return os.path.relpath(path, cwd) if path.is_relative_to(cwd) else path.name
+
+    recorded = []
+    for position, arg in enumerate(str(arg) for arg in argv):
+        if position == 0:
+            recorded.append(Path(arg).name if Path(arg).is_absolute() else arg)
+        elif arg.startswith("--") and "=" in arg:  # --out=/path
+            option, value = arg.split("=", 1)
+            recorded.append(f"{option}={portable(value)}")
+        else:
+            recorded.append(portable(arg))
+    return recorded
 
 
 class ReceiptWriter:
