@@ -22,12 +22,18 @@ from .manifest import LIBRARY_NAME, MANIFEST_NAME, RUNTIME_NAME, arch_of, manife
 from .variants import Variant
 
 ARTIFACTS_ENV = "KDABENCH_CUTE_KERNELS"
+DEFAULT_ARTIFACTS = "~/.cache/kdabench/cute-kernels"
+
+
+def configured_artifact_dir() -> str:
+    """Where ahead-of-time builds live, as configured: $KDABENCH_CUTE_KERNELS, else
+    ~/.cache/kdabench/cute-kernels (the name a plan's origin shows: no machine's folders)."""
+    return os.environ.get(ARTIFACTS_ENV) or DEFAULT_ARTIFACTS
 
 
 def artifact_dir() -> Path:
-    """Where ahead-of-time builds live: $KDABENCH_CUTE_KERNELS, else ~/.cache/kdabench/cute-kernels."""
-    configured = os.environ.get(ARTIFACTS_ENV)
-    return Path(configured) if configured else Path.home() / ".cache" / "kdabench" / "cute-kernels"
+    """The folder of :func:`configured_artifact_dir` on this machine."""
+    return Path(configured_artifact_dir()).expanduser()
 
 
 @dataclass
@@ -81,8 +87,8 @@ def _tvm_ffi():
     return tvm_ffi
 
 
-def _load_aot(arch: str, directory: Path) -> tuple[KernelLibrary | None, list[str]]:
-    folder = directory / arch
+def _load_aot(arch: str, directory: str | Path) -> tuple[KernelLibrary | None, list[str]]:
+    folder = Path(directory).expanduser() / arch
     manifest_path = folder / MANIFEST_NAME
     if not manifest_path.is_file():
         return None, [f"no ahead-of-time build for {arch} in {directory} "
@@ -102,14 +108,14 @@ def _load_aot(arch: str, directory: Path) -> tuple[KernelLibrary | None, list[st
         module = tvm_ffi.load_module(str((folder / LIBRARY_NAME).resolve()))
     except (OSError, RuntimeError) as exc:
         return None, [f"loading {folder / LIBRARY_NAME} failed: {exc}"]
-    origin = (f"aot {folder} (nvidia-cutlass-dsl {manifest.get('dsl_version')}, "
+    origin = (f"aot {Path(directory) / arch} (nvidia-cutlass-dsl {manifest.get('dsl_version')}, "
               f"built {manifest.get('built_at')})")
     return KernelLibrary(arch, origin, module, set(manifest.get("functions", {}))), []
 
 
 @cache
 def _library(arch: str, directory: str) -> tuple[KernelLibrary | None, tuple[str, ...]]:
-    library, reasons = _load_aot(arch, Path(directory))
+    library, reasons = _load_aot(arch, directory)
     if library is not None:
         return library, ()
     if _dsl_available() and _tvm_ffi() is not None:
@@ -124,5 +130,5 @@ def _library(arch: str, directory: str) -> tuple[KernelLibrary | None, tuple[str
 def library_for(device: torch.device) -> tuple[KernelLibrary | None, list[str]]:
     """The kernel library for a CUDA device, or None and the reasons there is none."""
     arch = arch_of(torch.cuda.get_device_capability(device))
-    library, reasons = _library(arch, str(artifact_dir().resolve()))
+    library, reasons = _library(arch, configured_artifact_dir())
     return library, list(reasons)

@@ -30,6 +30,16 @@ def test_a_matching_build_is_loaded_with_every_function(cute_build):
     assert type(library.function(aot_variants()[0])).__name__ == "Function"
 
 
+def test_the_origin_names_the_folder_as_configured(cute_build, monkeypatch):
+    """A receipt records a plan's origin: the folder as configured, not this machine's path."""
+    out, _ = cute_build
+    monkeypatch.chdir(out.parent)
+    library, reasons = runtime._load_aot("sm_121a", out.name)
+    assert reasons == [] and library.origin.startswith(f"aot {out.name}/sm_121a (")
+    monkeypatch.delenv(runtime.ARTIFACTS_ENV, raising=False)
+    assert runtime.configured_artifact_dir() == "~/.cache/kdabench/cute-kernels"
+
+
 def test_a_tampered_build_is_not_loaded(cute_build, tmp_path):
     out, _ = cute_build
     shutil.copytree(out / "sm_90a", tmp_path / "sm_90a")
