@@ -276,10 +276,21 @@ def test_bad_pairing_exits_2_with_one_line(tmp_path: Path, options: list[str], f
     assert_one_line_error(invoke("compare", tmp_path / "base", head, *options), 2, fragment)
 
 
+def _newest_gpu_triton_qualify_receipt() -> Path | None:
+    """The committed GPU qualification receipt of the Triton backend made last, if any."""
+    found = []
+    for path in RESULTS.glob("qualify-*.json"):
+        doc = json.loads(path.read_text())
+        if (doc["config"].get("backend", "triton") == "triton"
+                and doc["config"].get("tier") == "gpu"):
+            found.append((doc["created_at"], path))
+    return max(found)[1] if found else None
+
+
 def test_the_committed_folder_against_its_newest_triton_receipt_exits_0():
-    head = RESULTS / "qualify-nvidia-h200-20261203T150205.json"
-    if not head.exists():
-        pytest.skip("the committed Triton receipt is not in results/")
+    head = _newest_gpu_triton_qualify_receipt()
+    if head is None:
+        pytest.skip("no committed GPU Triton qualification receipt in results/")
     result = invoke("compare", RESULTS, head)
     assert result.exit_code == 0, result.output
     paired = [line for line in pairing_section(result.stdout)
