@@ -1,11 +1,16 @@
 """Prompts of exact token counts that no cache has seen.
 
-Every prompt of :class:`PromptFactory` starts with a fresh random hex nonce (from
-``secrets``, not the seed: a re-run against the same server must not find its prompts
-cached, the trap of fixed-seed benchmark prompts), so it is unique from its first tokens.
+Every prompt of :class:`PromptFactory` starts with a fresh random nonce of
+:data:`NONCE_DIGITS` decimal digits (from ``secrets``, not the seed: a re-run against the
+same server must not find its prompts cached, the trap of fixed-seed benchmark prompts),
+so it is unique from its first tokens. Digits, because common tokenizers split a run of
+digits the same way whatever its values: another nonce of the same length counts alike,
+which lets a count be taken on a copy of a prompt that shares no cache block with it.
 The filler after the nonce is drawn from a seeded generator, so prompt content is
-reproducible in kind. Lengths are fitted with the server's own ``/tokenize``: a
-byte-level tokenizer is hit exactly on the first try, a subword one in a few calls.
+reproducible in kind. Lengths are fitted with a token counter (:mod:`kdabench.sweep.tokens`:
+the user's tokenizer, the server's ``/tokenize``, or the server's usage): the first guess
+uses the characters per token of the factory's last fit, so a byte-level tokenizer is hit
+exactly on the first try and a subword one in a few calls.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 WORDS = ["state", "chunk", "gate", "decay", "prefix", "block", "cache", "recurrent", "export", "kernel", "token", "head", "value", "key", "query", "delta", "rule", "retain", "boundary", "offset", "slot", "pool", "plan", "bind", "replay", "graph", "stream", "serve", "arm", "round", "sample", "warmup", "median", "window", "decode", "prefill", "attention", "linear", "hybrid", "layer", "checkpoint", "interior", "scalar", "vector", "matrix", "tensor", "memory", "bandwidth", "latency", "river", "stone", "maple", "copper", "violet", "harbor", "lantern", "meadow", "quartz", "signal", "thunder", "orbit", "canyon", "ember"]
 
 MAX_FIT_CALLS = 24
+NONCE_DIGITS = 16
 
 
 class PromptError(RuntimeError):
@@ -26,7 +32,7 @@ class PromptError(RuntimeError):
 
 @dataclass(frozen=True)
 class Prompt:
-    """A prompt and its token count as the server's /tokenize reports it."""
+    """A prompt and its token count as the factory's counter reports it."""
 
     text: str
     tokens: int
@@ -34,11 +40,12 @@ class Prompt:
 
 
 class PromptFactory:
-    """Makes prompts of exact token counts; ``count_tokens`` is the server's /tokenize."""
+    """Makes prompts of exact token counts as ``count_tokens`` counts them."""
 
     def __init__(self, count_tokens: Callable[[str], int], *, seed: int = 0) -> None:
         self._count = count_tokens
         self._rng = random.Random(seed)
+        self._chars_per_token = 1.0  # of the filler, as the last fit found it
 
     def unique(self, n_tokens: int) -> Prompt:
         """A prompt of ``n_tokens`` tokens that starts with a fresh nonce."""
@@ -46,7 +53,7 @@ class PromptFactory:
 
     def extend(self, head: str, n_tokens: int) -> Prompt:
         """``head`` followed by a fresh nonce and filler, ``n_tokens`` tokens in all."""
-        nonce = secrets.token_hex(8)
+        nonce = f"{secrets.randbelow(10 ** NONCE_DIGITS):0{NONCE_DIGITS}d}"
         start = f"{head}{nonce} "
         text, count = self._fit(start, n_tokens)
         return Prompt(text=text, tokens=count, nonce=nonce)
@@ -72,11 +79,13 @@ class PromptFactory:
         filler = self._filler(2 * (n_tokens - base) + 64)
         low: tuple[int, int] = (0, base)  # (chars, tokens) known at or under the target
         high: int | None = None  # chars known over the target
-        length = n_tokens - base  # one char per token: exact for byte-level tokens
+        length = max(1, round((n_tokens - base) * self._chars_per_token))
         for _ in range(MAX_FIT_CALLS):
             while length > len(filler):
                 filler += " " + self._filler(len(filler))
             count = self._count(start + filler[:length])
+            if count > base:
+                self._chars_per_token = length / (count - base)
             if count == n_tokens:
                 return start + filler[:length], count
             if count < n_tokens:
@@ -85,8 +94,7 @@ class PromptFactory:
                 high = length if high is None else min(high, length)
             if high is not None and high - low[0] <= 1:
                 break
-            chars_per_token = max(length, 1) / max(count - base, 1)
-            guess = length + round((n_tokens - count) * chars_per_token)
+            guess = length + round((n_tokens - count) * self._chars_per_token)
             lower_bound = low[0] + 1
             upper_bound = (high - 1) if high is not None else max(guess, lower_bound)
             if not lower_bound <= guess <= upper_bound:
