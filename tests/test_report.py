@@ -419,6 +419,34 @@ def test_a_serve_sweep_report_has_ttft_with_intervals_a_plot_and_decode_rates(tm
     assert_real_image(plot)
 
 
+def test_a_serve_sweep_report_says_which_cells_are_unverified(tmp_path: Path):
+    """Cold cells the server did not show cold are recorded as verdict skip with status
+    "unverified"; the report says so in words, never as a pass."""
+    receipt = builder("serve-sweep", {"arms": ["plain", "vllm"]})
+    for arm, verified in (("plain", False), ("vllm", True)):
+        samples = samples_around(400.0, 5, 0.04, 7)
+        receipt.add_case({"id": f"cold/{arm}/8192", "kind": "cold-ttft", "arm": arm,
+                          "verdict": "pass" if verified else "skip",
+                          **({} if verified else {"status": "unverified"}),
+                          "prompt_tokens_requested": 8192, "samples_ms": samples,
+                          "median_ms": statistics.median(samples), "valid": True,
+                          "message": "5 cold samples" if verified else "unverified: 5 cold "
+                          "samples, 5 of them cold by construction (unique from the first "
+                          "token), not verified by the server"})
+    receipt.add_case({"id": "skipped/other", "verdict": "skip", "message": "not run"})
+    path = receipt.write(tmp_path / receipt.filename())
+    text = build_report([path], tmp_path / "out").markdown_path.read_text(encoding="utf-8")
+    rows = text.splitlines()
+    plain = next(row for row in rows if row.startswith("| plain | 8,192 |"))
+    vllm = next(row for row in rows if row.startswith("| vllm | 8,192 |"))
+    assert plain.endswith("| **unverified** |") and vllm.endswith("| yes |")
+    assert "not verified by the server" in text and "cold by construction" in text
+    cases = {row.split(" | ")[1]: row for row in rows if row.startswith("| ") and "`" in row}
+    assert "| unverified | plain |" in cases["`cold/plain/8192`"]
+    assert "| pass | vllm |" in cases["`cold/vllm/8192`"]
+    assert "| skip |" in cases["`skipped/other`"]  # a plain skip stays a skip
+
+
 # --------------------------------------------------------------------------- several receipts
 
 

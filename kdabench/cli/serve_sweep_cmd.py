@@ -21,7 +21,9 @@ from rich.text import Text
 from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError, print_error
 from kdabench.receipts import ReceiptError
 from kdabench.sweep.arms import PACKAGED, ArmsError, load_arms
-from kdabench.sweep.options import SweepError, SweepOptions
+from kdabench.sweep.cases import UNVERIFIED, case_ok, unverified, unverified_arms
+from kdabench.sweep.client import APIS
+from kdabench.sweep.options import SCHEDULES, SweepError, SweepOptions
 from kdabench.sweep.runner import Sweep, SweepResult
 from kdabench.sweep.servers import EMBEDDED_MAX_MODEL_LEN
 from kdabench.sweep.stats import median
@@ -59,6 +61,22 @@ def _sizes(text: str | None) -> tuple[int, ...] | None:
               help="Cold samples per arm and prompt size (default: the arms file's, else 3).")
 @click.option("--rounds", type=int, default=None,
               help="Interleaved rounds the samples are spread over (default: one per sample).")
+@click.option("--schedule", type=click.Choice(SCHEDULES), default=None,
+              help="interleaved (default): every arm's server up at once, samples in rounds "
+              "A B, then B A. blocks: one server at a time, for deployments that hold one: each "
+              "block starts the arm's server (--launch CMD, or the embedded one), waits for "
+              "/health, warms up, takes --samples cold samples per prompt size (an arm's last "
+              "block also probes, shares a prefix and decodes) and stops it; blocks run "
+              "A B B A (see --blocks) and the receipt sets the drift between an arm's blocks "
+              "beside the arms' differences.")
+@click.option("--blocks", type=int, default=None, metavar="N",
+              help="With --schedule blocks: blocks per arm, in passes over the arms that "
+              "alternate direction (default 2: A B B A; 4: A B B A A B B A).")
+@click.option("--tokenizer", metavar="PATH_OR_NAME", default=None,
+              help="Count prompt tokens with this tokenizer: a tokenizer.json or a folder "
+              "holding one, else a transformers model folder or name in the local cache "
+              "(pip install 'kdabench[serve]'). Default: the server's /tokenize, else "
+              "calibration against the usage.prompt_tokens the server reports.")
 @click.option("--warmups", type=int, default=None,
               help="Warmups per arm and prompt size, never counted (default 1).")
 @click.option("--decode-window", "decode_window_s", type=float, default=None, metavar="S",
@@ -68,6 +86,9 @@ def _sizes(text: str | None) -> tuple[int, ...] | None:
 @click.option("--drift-bound", type=float, default=None,
               help="Max |logprob(cold) - logprob(cached)| the probes allow (default 0.05).")
 @click.option("--seed", type=int, default=None, help="Seed of prompt filler and bootstrap.")
+@click.option("--api", type=click.Choice(APIS), default=None,
+              help="OpenAI endpoint timed: /v1/completions, or /v1/chat/completions with the "
+              "prompt as one user message (default: the arms file's, else completions).")
 @click.option("--health-timeout", "health_timeout_s", type=float, default=None, metavar="S",
               help="Seconds to wait for a server's /health (default 120).")
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, metavar="NAME",
@@ -81,25 +102,30 @@ def serve_sweep(arms_spec: str, endpoint: str | None, launch_cmd: str | None,
                 prompt_tokens: str | None, samples: int | None, rounds: int | None,
                 warmups: int | None, decode_window_s: float | None,
                 shared_prefix_tokens: int | None, drift_bound: float | None, seed: int | None,
-                health_timeout_s: float | None, api_key_env: str, out_dir: Path | None,
+                api: str | None, health_timeout_s: float | None, api_key_env: str, out_dir: Path | None,
+                schedule: str | None, blocks: int | None, tokenizer: str | None,
                 as_json: bool) -> None:
     """Measure cold TTFT, prefill rate and decode of a server across flag arms.
 
     Every arm's server runs at once (the embedded reference server by default, one per
-    arm; or --launch CMD per arm; or --endpoint URL). Per arm: warmups (not counted),
+    arm; or --launch CMD per arm; or --endpoint URL; with --schedule blocks, one at a
+    time). Per arm: warmups (not counted),
     exact-answer and cache probes, activation patterns over the server log before
     timing and after; then cold samples in interleaved rounds (A B C, then C B A, ...),
     every prompt unique from its first tokens, with zero cached tokens checked from the
-    usage and /metrics (a cached sample is discarded and reported). TTFT runs from
+    usage and /metrics (a cached sample is discarded and reported; where the server
+    reports neither, the arm is "unverified": cold by construction, not verified by the
+    server). A stream cut short is a failed sample. TTFT runs from
     sending the request to the first chunk carrying generated text. Medians come with
     seeded bootstrap 95% intervals; rate = prompt tokens / median TTFT. A shared-prefix
     pair shows what checkpoint export buys; decode is tokens/s over a fixed window,
     normalised by the speculative acceptance length. The receipt (kind "serve-sweep")
     keeps every raw sample; API keys are never written.
 
-    Exit 0 when every probe and check passes; 1 when one fails or a server dies (the
-    receipt is then partial); 2 for bad input (an arms file that does not load, options
-    that do not fit, prompts longer than a server's max_model_len: checked before any
+    Exit 0 when every probe and check passes or is unverified; 1 when one fails or a
+    server dies (the receipt is then partial); 2 for bad input (an arms file that does not load, options
+    that do not fit, an endpoint where nothing listens, arms that differ in env or args
+    on one attached server, prompts longer than a server's max_model_len: checked before any
     request is timed, and no receipt is written).
     """
     if endpoint and launch_cmd:
@@ -110,14 +136,16 @@ def serve_sweep(arms_spec: str, endpoint: str | None, launch_cmd: str | None,
             "prompt_tokens": _sizes(prompt_tokens), "samples": samples, "rounds": rounds,
             "warmups": warmups, "decode_window_s": decode_window_s,
             "shared_prefix_tokens": shared_prefix_tokens, "drift_bound": drift_bound,
-            "seed": seed, "health_timeout_s": health_timeout_s,
+            "seed": seed, "health_timeout_s": health_timeout_s, "api": api,
+            "schedule": schedule, "blocks": blocks,
         })
         mode = "launch" if launch_cmd else "attach" if endpoint else "embedded"
         if mode == "embedded" and any(arm.endpoint for arm in arms.arms):
             mode = "attach"
         sweep = Sweep(arms, options, mode=mode, launch=launch_cmd, endpoint=endpoint,
                       out_dir=out_dir, api_key=os.environ.get(api_key_env) or None,
-                      api_key_env=api_key_env, command_line=list(sys.argv))
+                      api_key_env=api_key_env, command_line=list(sys.argv),
+                      tokenizer=tokenizer)
     except (ArmsError, SweepError, ReceiptError, TypeError) as error:
         raise UserError(str(error)) from error
 
@@ -130,10 +158,13 @@ def serve_sweep(arms_spec: str, endpoint: str | None, launch_cmd: str | None,
             console = Console(highlight=False, soft_wrap=True, width=120)
         _render(console, sweep, result)
     if not result.ok:
-        bad = [c["id"] for c in result.cases if c["verdict"] != "pass"]
+        bad = [c["id"] for c in result.cases if not case_ok(c)]
         what = (f"a server failed ({result.failures[0]['arm']}: "
                 f"{result.failures[0]['phase']})" if result.failures
                 else f"{len(bad)} case(s) did not pass: {', '.join(bad[:4])}")
+        arms = unverified_arms(result.cases)
+        if arms:
+            what += f"; {len(arms)} arm(s) {UNVERIFIED}"
         raise Finding(f"{what}; receipt ({result.receipt['status']}): {result.receipt_path}")
 
 
@@ -141,17 +172,23 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+_STATUS_STYLE = {UNVERIFIED: "yellow"}  # a live row's status; any other is red
+
+
 def _live_table(sweep: Sweep) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for column, justify in (("arm", "left"), ("prompt", "right"), ("n", "right"),
-                            ("discarded", "right"), ("median TTFT ms", "right"),
+                            ("discarded", "right"), ("failed", "right"),
+                            ("median TTFT ms", "right"),
                             ("rate tok/s", "right"), ("", "left")):
         table.add_column(column, justify=justify, no_wrap=True)
     for row in sweep.live_rows():
         table.add_row(escape(row["arm"]), str(row["prompt_tokens"]), str(row["n"]),
                       str(row["discarded"]) if row["discarded"] else "",
+                      str(row["failed"]) if row["failed"] else "",
                       _fmt(row["median_ms"]), _fmt(row["rate_tok_s"], ",.0f"),
-                      Text(row["status"], style="red") if row["status"] else "")
+                      Text(row["status"], style=_STATUS_STYLE.get(row["status"], "red"))
+                      if row["status"] else "")
     return table
 
 
@@ -251,16 +288,31 @@ def _render(console: Console, sweep: Sweep, result: SweepResult) -> None:
                       f"{escape(failure['phase'])}: {escape(failure['message'])}")
     for case in cases:
         if case["verdict"] != "pass" and case["kind"] != "failure":
-            console.print(f"[red]{case['verdict']}[/red] {escape(case['id'])}: "
+            console.print(f"{_verdict(case)} {escape(case['id'])}: "
                           f"{escape(str(case.get('message')))}")
     summary = result.receipt["summary"]
+    unsure = sum(unverified(case) for case in cases)
     console.print(f"receipt {escape(str(result.receipt_path))} ({result.receipt['status']}) · "
                   f"sha256 {result.receipt['sha256'][:16]}… · {summary['total']} cases: "
-                  f"{summary['pass']} pass, {summary['fail']} fail, {summary['error']} error")
+                  f"{summary['pass']} pass, {summary['fail']} fail, {summary['error']} error, "
+                  f"{unsure} {UNVERIFIED}"
+                  + (f", {summary['skip'] - unsure} skip" if summary["skip"] > unsure else ""))
     if result.ok:
-        console.print("[green]all probes and checks pass[/green]")
+        console.print(_closing_line(cases))
+
+
+def _closing_line(cases: list[dict[str, Any]]) -> str:
+    """The last line of a sweep where nothing failed: all pass, or which arms are unverified."""
+    arms = unverified_arms(cases)
+    if not arms:
+        return "[green]all probes and checks pass[/green]"
+    return (f"[yellow]nothing failed; {len(arms)} arm(s) {UNVERIFIED} "
+            f"({escape(', '.join(arms))}): the server reports no cached tokens, so their "
+            "samples are cold by construction, not verified by the server[/yellow]")
 
 
 def _verdict(case: dict[str, Any]) -> str:
+    if unverified(case):
+        return f"[yellow]{UNVERIFIED}[/yellow]"
     colour = "green" if case["verdict"] == "pass" else "red"
     return f"[{colour}]{case['verdict']}[/{colour}]"

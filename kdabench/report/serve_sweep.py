@@ -9,12 +9,14 @@ TTFT samples ``ttft_samples_ms`` (or ``ttft_ms.samples``, ``ttft.samples_ms``,
 ``median_ms``; else the median of the samples), 95% interval ``ttft_ci_ms`` (or
 ``ttft_ms.ci``, ``ttft.ci_ms``, ``ci95_ms``, ``ci_ms``; [low, high] or {"low", "high"}; else
 a seeded bootstrap of the samples, marked as computed here); ``rate_tok_s`` (else prompt
-tokens over the median); ``valid`` false marks an arm whose activation checks failed.
+tokens over the median); ``valid`` false marks an arm whose activation checks failed;
+verdict "skip" with ``status`` "unverified" marks a cell whose samples the server did not
+show cold (no cached-token count in usage or /metrics): cold by construction only.
 Decode: ``tokens_per_s`` (or ``decode_tokens_per_s``, ``decode.tokens_per_s``),
 ``acceptance_length`` (or ``decode.acceptance_length``), ``steps_per_s`` (or
 ``decode_steps_per_s``, ``decode.steps_per_s``; else tokens/s over the acceptance
 length). Rendered: a TTFT table and plot per arm and prompt size with the intervals,
-prompt tokens per second, and a decode-rate table.
+prompt tokens per second, and a decode-rate table; unverified cells and cases say so.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ BOOTSTRAP_RESAMPLES = 2000
 
 
 TTFT_KINDS = (None, "cold-ttft", "ttft")  # case["kind"] of a TTFT cell (None: unmarked)
+UNVERIFIED = "unverified"
+UNVERIFIED_NOTE = ("**unverified** marks a cell whose samples the server did not show cold "
+                   "(it reported no cached-token count, in usage or /metrics): they are cold "
+                   "by construction (unique from the first token), not verified by the "
+                   "server.")
 
 
 @dataclass
@@ -59,6 +66,7 @@ class ServePoint:
     ci_computed: bool
     rate_tok_s: float | None
     valid: bool
+    unverified: bool  # neither passed nor failed: the server gave no cache evidence
     tokens_per_s: float | None
     acceptance_length: float | None
     steps_per_s: float | None
@@ -132,9 +140,24 @@ def serve_point(case: Mapping[str, Any]) -> ServePoint:
         case_id=str(case.get("id")), kind=kind,
         arm=str(get_field(case, "arm", "params.arm") or "-"), prompt_tokens=prompt,
         samples=samples, median_ms=median, ci_ms=interval, ci_computed=computed,
-        rate_tok_s=rate, valid=case.get("valid") is not False,
+        rate_tok_s=rate, valid=case.get("valid") is not False, unverified=is_unverified(case),
         tokens_per_s=tokens_per_s, acceptance_length=acceptance, steps_per_s=steps,
     )
+
+
+def is_unverified(case: Mapping[str, Any]) -> bool:
+    """True for a case the sweep recorded as unverified (verdict "skip", status said so)."""
+    return case.get("verdict") == "skip" and case.get("status") == UNVERIFIED
+
+
+def _verdict_text(case: Mapping[str, Any]) -> str:
+    return UNVERIFIED if is_unverified(case) else fmt_verdict(case.get("verdict"))
+
+
+def _arm_label(arm: str, invalid: set[str], unverified: set[str]) -> str:
+    if arm in invalid:
+        return f"{arm} (NOT VALID)"
+    return f"{arm} ({UNVERIFIED})" if arm in unverified else arm
 
 
 def _tokens_label(tokens: float | None) -> str:
@@ -154,6 +177,7 @@ def plot_serve(points: Sequence[ServePoint], path: Path, device: str) -> bool:
     sizes = sorted({p.prompt_tokens for p in usable}, key=lambda t: (t is None, t or 0))
     arms = list(dict.fromkeys(p.arm for p in usable))
     invalid_arms = {p.arm for p in usable if not p.valid}
+    unverified_arms = {p.arm for p in usable if p.unverified}
     figure, (ttft, rate) = new_figure(13.0, 5.6, ncols=2)
     width = 0.8 / max(len(arms), 1)
     for index, arm in enumerate(arms):
@@ -166,7 +190,7 @@ def plot_serve(points: Sequence[ServePoint], path: Path, device: str) -> bool:
         ttft.errorbar(xs, [p.median_ms for p in chosen],
                       yerr=[[max(b, 0.0) for b in below], [max(a, 0.0) for a in above]],
                       fmt="o", color=color, capsize=4,
-                      label=f"{arm} (NOT VALID)" if arm in invalid_arms else arm)
+                      label=_arm_label(arm, invalid_arms, unverified_arms))
         rate.bar(xs, [p.rate_tok_s or 0.0 for p in chosen], width=width * 0.9, color=color,
                  label=arm)
     for panel in (ttft, rate):
@@ -200,12 +224,14 @@ def serve_section(receipt: LoadedReceipt, plot_path: Path) -> tuple[list[str], l
             return text + " (bootstrap here)" if p.ci_computed else text
 
         lines += [("Prompt tokens/s is prompt tokens over median TTFT. An arm whose activation "
-                  "checks failed is marked NOT VALID: its numbers are not evidence."), "",
-                  md_table(["arm", "prompt tokens", "samples", "median TTFT (ms)",
+                  "checks failed is marked NOT VALID: its numbers are not evidence."), ""]
+        if any(p.unverified for p in timed):
+            lines += [UNVERIFIED_NOTE, ""]
+        lines += [md_table(["arm", "prompt tokens", "samples", "median TTFT (ms)",
                             "95% CI (ms)", "prompt tokens/s", "valid"],
                            [[p.arm, fmt_count(p.prompt_tokens), len(p.samples),
                              fmt_ms(p.median_ms), interval(p), fmt_count(p.rate_tok_s),
-                             "yes" if p.valid else "**NOT VALID**"] for p in timed]), ""]
+                             _validity(p)] for p in timed]), ""]
     else:
         lines += ["No case carries a TTFT.", ""]
     plots = []
@@ -227,12 +253,18 @@ def serve_section(receipt: LoadedReceipt, plot_path: Path) -> tuple[list[str], l
     lines += ["#### Cases", "",
               md_table(["#", "case", "kind", "verdict", "arm", "prompt tokens",
                         "median TTFT (ms)", "decode steps/s", "message"],
-                       [[i + 1, fmt_case_id(case), p.kind, fmt_verdict(case.get("verdict")), p.arm,
+                       [[i + 1, fmt_case_id(case), p.kind, _verdict_text(case), p.arm,
                          fmt_count(p.prompt_tokens), fmt_ms(p.median_ms),
                          _fmt_rate(p.steps_per_s), case.get("message")]
                         for i, (case, p) in enumerate(zip(cases, points, strict=True))]),
               ""]
     return lines, plots
+
+
+def _validity(point: ServePoint) -> str:
+    if not point.valid:
+        return "**NOT VALID**"
+    return f"**{UNVERIFIED}**" if point.unverified else "yes"
 
 
 def _fmt_rate(value: float | None) -> str:

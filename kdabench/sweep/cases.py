@@ -4,6 +4,12 @@ Per arm: a ``server`` case (activation), a ``failure`` case if its server failed
 ``probe`` case, one ``cold-ttft`` case per prompt size, a ``shared-prefix`` case and a
 ``decode`` case. An arm whose activation patterns failed has every number flagged not
 valid and failed.
+
+Unverified: a cold-TTFT case with a sample whose cache state the server did not report,
+or a probe with a cache check it could not decide, passed nothing and failed nothing. The
+receipt schema allows only pass/fail/error/skip, so such a case is verdict "skip" with
+``status: "unverified"`` and says why in its message; :func:`case_ok` counts it as not
+failed.
 """
 
 from __future__ import annotations
@@ -12,7 +18,31 @@ from typing import Any
 
 from kdabench.sweep import stats
 from kdabench.sweep.options import SweepOptions
+from kdabench.sweep.phases import (
+    UNKNOWN,
+    UNVERIFIABLE,
+    VERIFIED_CACHED,
+    VERIFIED_COLD,
+)
 from kdabench.sweep.state import ArmState
+
+UNVERIFIED = "unverified"
+NOT_VERIFIED = "cold by construction (unique from the first token), not verified by the server"
+
+
+def unverified(case: dict[str, Any]) -> bool:
+    """True for a case that neither passed nor failed: the server gave no evidence."""
+    return case.get("verdict") == "skip" and case.get("status") == UNVERIFIED
+
+
+def case_ok(case: dict[str, Any]) -> bool:
+    """True for a case that passed or is unverified (nothing in it failed)."""
+    return case.get("verdict") == "pass" or unverified(case)
+
+
+def unverified_arms(cases: list[dict[str, Any]]) -> list[str]:
+    """Arms with an unverified case, in receipt order."""
+    return list(dict.fromkeys(case["arm"] for case in cases if unverified(case)))
 
 
 def live_rows(states: list[ArmState], options: SweepOptions) -> list[dict[str, Any]]:
@@ -26,9 +56,11 @@ def live_rows(states: list[ArmState], options: SweepOptions) -> list[dict[str, A
             rows.append({
                 "arm": state.arm.name, "prompt_tokens": size, "n": len(ttfts),
                 "discarded": len(state.discarded.get(size, [])), "median_ms": median_ms,
+                "failed": len(state.failed_samples.get(size, [])),
                 "rate_tok_s": _rate(tokens, median_ms),
                 "status": ("failed" if state.failure else
-                           "not activated" if state.activation_status == "failed" else ""),
+                           "not activated" if state.activation_status == "failed" else
+                           UNVERIFIED if _unknown_count(state.samples.get(size, [])) else ""),
             })
     return rows
 
@@ -61,31 +93,22 @@ def _arm_cases(state: ArmState, index: int, options: SweepOptions) -> list[dict[
         cases.append({"id": f"failure/{arm}", "kind": "failure", "arm": arm,
                       "verdict": "error", **state.failure})
     if state.probe is not None:
-        failed = [name for name, ok in state.probe["checks"].items() if ok is False]
-        cases.append({"id": f"probe/{arm}", "kind": "probe", "arm": arm,
-                      "verdict": "fail" if failed else "pass",
-                      "message": f"failed: {', '.join(failed)}" if failed else "passed",
-                      **state.probe})
+        cases.append(_probe_case(arm, state.probe))
     for size in options.prompt_tokens:
         samples = state.samples.get(size, [])
         discarded = state.discarded.get(size, [])
+        failed = state.failed_samples.get(size, [])
         warmups = state.warmups.get(size, [])
-        if not samples and not discarded and not warmups:
+        if not samples and not discarded and not failed and not warmups:
             continue
         ttfts = [r["ttft_ms"] for r in samples]
         summary = stats.summarize_samples(ttfts, seed=options.seed + index * 1009 + size)
         tokens = _median_tokens(samples, size)
         ci = summary["ci95"]
-        verdict, message = "pass", f"{len(samples)} cold samples"
-        if discarded:
-            verdict = "fail"
-            message = (f"{len(discarded)} sample(s) found cached or empty and discarded; "
-                       f"{len(samples)} counted")
-        elif len(samples) < options.samples:
-            verdict = "error" if state.failure else "fail"
-            message = f"{len(samples)} of {options.samples} samples taken"
+        verdict, message = _cold_verdict(state, options, samples, discarded, failed)
         if invalid:
             verdict, message = "fail", flag["message"]
+        status = {"status": UNVERIFIED} if verdict == "skip" else {}
         cases.append({
             "id": f"cold/{arm}/{size}", "kind": "cold-ttft", "arm": arm,
             "prompt_tokens_requested": size, "prompt_tokens": tokens,
@@ -94,9 +117,11 @@ def _arm_cases(state: ArmState, index: int, options: SweepOptions) -> list[dict[
             "rate_tok_s": _rate(tokens, summary["median"]),
             "rate_ci95_tok_s": (None if ci is None or tokens is None else
                                 [_rate(tokens, ci[1]), _rate(tokens, ci[0])]),
-            "samples": samples, "discarded": discarded,
+            "samples": samples, "discarded": discarded, "failed_samples": failed,
+            "cache_evidence": _evidence_counts(samples + discarded),
             "warmups_ms": [r["ttft_ms"] for r in warmups], "warmups": warmups,
-            "activation": activation, **flag, "verdict": verdict, "message": message,
+            "activation": activation, **flag, "verdict": verdict, **status,
+            "message": message,
         })
     if state.shared_prefix:
         p2 = [r["p2_ttft_ms"] for r in state.shared_prefix if r["p2_ttft_ms"] is not None]
@@ -110,7 +135,9 @@ def _arm_cases(state: ArmState, index: int, options: SweepOptions) -> list[dict[
             "p1_median_ms": stats.median(p1), "p2_cached_tokens": cached,
             "samples": state.shared_prefix, "activation": activation, **flag,
             "verdict": "fail" if invalid or not p2 else "pass",
-            "message": flag.get("message", f"P2 cached tokens {cached}"),
+            "message": flag.get("message", f"P2 cached tokens {cached}"
+                                if any(c is not None for c in cached)
+                                else "P2 cached tokens not reported by the server"),
         })
     if state.decode is not None:
         decode_ok = bool(state.decode["output_tokens"])
@@ -121,6 +148,53 @@ def _arm_cases(state: ArmState, index: int, options: SweepOptions) -> list[dict[
             "message": flag.get("message", "" if decode_ok else "no tokens in the window"),
         })
     return cases
+
+
+def _probe_case(arm: str, probe: dict[str, Any]) -> dict[str, Any]:
+    """The probe case: fail on a failed check, else unverified on an undecided one."""
+    checks = probe["checks"]
+    failed = [name for name, ok in checks.items() if ok is False]
+    undecided = [name for name, ok in checks.items() if ok == UNVERIFIABLE]
+    verdict, status, message = "pass", {}, "passed"
+    if failed:
+        verdict, message = "fail", f"failed: {', '.join(failed)}"
+    elif undecided:
+        verdict, status = "skip", {"status": UNVERIFIED}
+        message = (f"unverifiable: {', '.join(undecided)} (the server reports no cached "
+                   "tokens, in usage or /metrics); the other checks passed")
+    return {"id": f"probe/{arm}", "kind": "probe", "arm": arm, "verdict": verdict, **status,
+            "message": message, **probe}
+
+
+def _cold_verdict(state: ArmState, options: SweepOptions, samples: list[dict[str, Any]],
+                  discarded: list[dict[str, Any]],
+                  failed: list[dict[str, Any]]) -> tuple[str, str]:
+    """(verdict, message) of one cold-TTFT case; "skip" means unverified."""
+    if failed:
+        reasons = "; ".join(dict.fromkeys(r["failure"] for r in failed))
+        return "fail", (f"{len(failed)} sample(s) failed, their streams cut short ({reasons}); "
+                        f"{len(samples)} counted")
+    if discarded:
+        return "fail", (f"{len(discarded)} sample(s) found cached or empty and discarded; "
+                        f"{len(samples)} counted")
+    if len(samples) < options.samples:
+        return ("error" if state.failure else "fail"), \
+            f"{len(samples)} of {options.samples} samples taken"
+    unknown = _unknown_count(samples)
+    if unknown:
+        return "skip", (f"{UNVERIFIED}: {len(samples)} cold samples, {unknown} of them "
+                        f"{NOT_VERIFIED}")
+    return "pass", f"{len(samples)} cold samples, verified cold by the server"
+
+
+def _evidence_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+    """How many timed samples (kept or discarded) had each cache state."""
+    return {state: sum(r.get("cache_evidence") == state for r in records)
+            for state in (VERIFIED_COLD, VERIFIED_CACHED, UNKNOWN)}
+
+
+def _unknown_count(samples: list[dict[str, Any]]) -> int:
+    return sum(r.get("cache_evidence") == UNKNOWN for r in samples)
 
 
 def _rate(tokens: float | None, median_ms: float | None) -> float | None:
@@ -134,3 +208,44 @@ def _median_tokens(samples: list[dict[str, Any]], fallback: int) -> float | None
     if not samples:
         return None
     return stats.median(counts) if counts else float(fallback)
+
+
+def block_cases(states: list[ArmState], options: SweepOptions) -> list[dict[str, Any]]:
+    """The blocks schedule's ``block-drift`` cases, one per arm and prompt size: each block's
+    median TTFT, the drift between the arm's blocks (largest over smallest block median)
+    beside the arm's difference from the first arm (its median over the first arm's), and
+    whether that difference is within the drift. They report; their verdict is pass."""
+    cases = []
+    for size in options.prompt_tokens:
+        timed = [(state.arm.name, _timed(state, size)) for state in states]
+        timed = [(arm, samples) for arm, samples in timed if samples]
+        if timed:
+            first = (timed[0][0], stats.median([r["ttft_ms"] for r in timed[0][1]]))
+            cases.extend(_block_case(arm, size, samples, first) for arm, samples in timed)
+    return cases
+
+
+def _timed(state: ArmState, size: int) -> list[dict[str, Any]]:
+    return [r for r in state.samples.get(size, []) if r.get("ttft_ms") is not None]
+
+
+def _block_case(arm: str, size: int, samples: list[dict[str, Any]],
+                first: tuple[str, float]) -> dict[str, Any]:
+    blocks: dict[int, list[float]] = {}
+    for record in samples:
+        blocks.setdefault(record["block"], []).append(record["ttft_ms"])
+    medians = {block: stats.median(ttfts) for block, ttfts in blocks.items()}
+    drift = max(medians.values()) / min(medians.values())
+    versus = stats.median([r["ttft_ms"] for r in samples]) / first[1]
+    within = abs(versus - 1.0) <= drift - 1.0
+    listed = ", ".join(f"{median:.1f}" for median in medians.values())
+    return {
+        "id": f"blocks/{arm}/{size}", "kind": "block-drift", "arm": arm,
+        "prompt_tokens_requested": size,
+        "blocks": [{"block": block, "n": len(blocks[block]), "median_ms": median}
+                   for block, median in medians.items()],
+        "drift_ratio": drift, "first_arm": first[0], "vs_first_arm_ratio": versus,
+        "difference_within_drift": within, "verdict": "pass",
+        "message": (f"block medians {listed} ms: drift x{drift:.3f}; vs {first[0]} "
+                    f"x{versus:.3f}" + (" (within the drift)" if within else "")),
+    }

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kdabench.sweep.client import APIS
+
 MIN_PROMPT_TOKENS = 16  # the shortest prompt a sweep sends
+SCHEDULES = ("interleaved", "blocks")
 
 
 class SweepError(ValueError):
@@ -30,7 +33,10 @@ class SweepOptions:
     shared_prefix_repeats: int = 1
     health_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
+    api: str = "completions"  # the OpenAI endpoint timed: completions or chat (completions)
     seed: int = 0
+    schedule: str = "interleaved"  # every server up at once, or one server per block
+    blocks: int = 2  # blocks schedule: blocks per arm, in A B B A order (2: A B B A)
 
     @classmethod
     def resolve(cls, file_defaults: dict[str, Any], overrides: dict[str, Any]) -> SweepOptions:
@@ -56,6 +62,10 @@ class SweepOptions:
         return min(self.prompt_tokens) + 16
 
     @property
+    def blocks_schedule(self) -> bool:
+        return self.schedule == "blocks"
+
+    @property
     def samples_per_round(self) -> int:
         return self.samples // self.round_count
 
@@ -68,6 +78,12 @@ class SweepOptions:
                      "shared_prefix_repeats"):
             if getattr(self, name) < 1:
                 raise SweepError(f"{name.replace('_', ' ')} must be at least 1")
+        if self.schedule not in SCHEDULES:
+            raise SweepError(f"schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if self.blocks < 1:
+            raise SweepError("blocks must be at least 1")
+        if self.api not in APIS:
+            raise SweepError(f"api {self.api!r} is not one of {', '.join(APIS)}")
         if self.warmups < 0:
             raise SweepError("warmups must be 0 or more")
         if self.probe_prompt_tokens is not None and self.probe_prompt_tokens < MIN_PROMPT_TOKENS:

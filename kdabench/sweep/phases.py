@@ -5,10 +5,13 @@
   is served, and the server's ``max_model_len`` (from ``/v1/models``, else ``/tokenize``).
 - :func:`activation_before`, :func:`activation_after`: the arm's activation patterns over
   its server log, before timing and over the log written while measuring.
-- :func:`warmups`, :func:`cold_sample`: timed samples of unique prompts; a cold sample
-  that reports cached tokens (usage or ``/metrics``) is discarded.
+- :func:`warmups`, :func:`cold_sample`: timed samples of unique prompts, each with its
+  cache evidence (:class:`CacheEvidence`): "verified-cold", "verified-cached" (discarded)
+  or "unknown" (kept: cold by construction, not verified by the server). A stream cut
+  short is a failed sample, kept with its reason.
 - :func:`probes`: a cold prompt, its exact repeat and its extension by the first half of
-  its own greedy answer must answer alike, with logprob drift under the bound.
+  its own greedy answer must answer alike, with logprob drift under the bound; a cache
+  check whose evidence is unknown is "unverifiable".
 - :func:`shared_prefix`: P1 (unique) then P2 = P1's first half + another continuation.
 - :func:`decode`: output tokens/s over a fixed window, normalised by the speculative
   acceptance length read from ``/metrics``.
@@ -21,15 +24,71 @@ that into the arm's failure.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from kdabench.sweep.arms import check_patterns
-from kdabench.sweep.client import PREFIX_CACHE_HITS, SPEC_ACCEPTED, SPEC_DRAFTS, Completion
+from kdabench.sweep.client import (
+    SPEC_ACCEPTED,
+    SPEC_DRAFTS,
+    CacheDelta,
+    Completion,
+    Prompted,
+    StreamCut,
+    prefix_cache_delta,
+)
 from kdabench.sweep.options import SweepOptions
 from kdabench.sweep.state import ArmState
 
 SAMPLE_MAX_TOKENS = 4  # a cold sample needs only its first token; a few guard empty ones
-PROBE_FILL_TOKENS = 16  # fresh text extending the probe prompt when its answer gives no prefix
+PROBE_FILL_TOKENS = 32  # fresh text extending the probe prompt when its answer gives no prefix
+VERIFIED_COLD, VERIFIED_CACHED, UNKNOWN = "verified-cold", "verified-cached", "unknown"
+UNVERIFIABLE = "unverifiable"  # a probe check the server's evidence cannot decide
+
+
+@dataclass(frozen=True)
+class CacheEvidence:
+    """What the server reported about one request's prompt tokens served from its cache."""
+
+    cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens; None: not reported
+    metrics: CacheDelta | None  # the /metrics prefix-cache counters' change; None: not served
+
+    @property
+    def hits_delta(self) -> float | None:
+        """Cache hits the counters show for the request; None unless they counted it."""
+        if self.metrics is None:
+            return None
+        if self.metrics.hits or self.metrics.queries > 0:
+            return self.metrics.hits
+        return None
+
+    @property
+    def state(self) -> str:
+        """VERIFIED_CACHED on any report of cached tokens, VERIFIED_COLD on a report of
+        none, UNKNOWN when the server reports neither."""
+        reports = [n for n in (self.cached_tokens, self.hits_delta) if n is not None]
+        if any(reports):
+            return VERIFIED_CACHED
+        return VERIFIED_COLD if reports else UNKNOWN
+
+    @property
+    def count(self) -> float | None:
+        """Cached prompt tokens as reported (the larger report); None when not reported."""
+        reports = [n for n in (self.cached_tokens, self.hits_delta) if n is not None]
+        return max(reports) if reports else None
+
+    def reasons(self) -> list[str]:
+        """Why the request counts as cached; empty when it does not."""
+        reasons = []
+        if self.cached_tokens:
+            reasons.append(f"usage reports {self.cached_tokens} cached tokens")
+        if self.hits_delta:
+            reasons.append(f"/metrics prefix-cache hits rose by {self.hits_delta:g} tokens")
+        return reasons
+
+    def to_record(self) -> dict[str, Any]:
+        return {"cached_tokens": self.cached_tokens, "metrics_hits_delta": self.hits_delta,
+                "cache_evidence": self.state}
 
 
 # -------------------------------------------------------------------- server and activation
@@ -72,36 +131,42 @@ def activation_after(state: ArmState) -> None:
 # -------------------------------------------------------------------- measurements
 
 
-def _measure(state: ArmState, text: str, max_tokens: int,
-             logprobs: bool = False) -> tuple[Completion, float | None]:
-    """One completion with the /metrics prefix-cache hit delta around it."""
+def _measure(state: ArmState, text: Prompted, max_tokens: int,
+             logprobs: bool = False) -> tuple[Completion, CacheEvidence]:
+    """One completion with its cache evidence: usage, and /metrics read around it (where
+    the server serves /metrics)."""
     client = state.client
     assert client is not None
-    before = client.metrics()
+    metrics_served = state.info.get("metrics_served", True)
+    before = client.metrics() if metrics_served else None
     completion = client.complete(text, max_tokens=max_tokens, logprobs=logprobs)
-    after = client.metrics()
-    delta = None
-    if before is not None and after is not None and PREFIX_CACHE_HITS in after:
-        delta = after[PREFIX_CACHE_HITS] - before.get(PREFIX_CACHE_HITS, 0.0)
-    return completion, delta
+    after = client.metrics() if metrics_served else None
+    return completion, CacheEvidence(completion.cached_tokens, prefix_cache_delta(before, after))
 
 
 def _timed_record(state: ArmState, size: int, **extra: Any) -> dict[str, Any]:
-    """One sample of a unique ``size``-token prompt, with why it looks cached (if it does)."""
+    """One sample of a unique ``size``-token prompt, with its cache evidence and why it
+    looks cached (if it does); a stream cut short gives a record with its ``failure``."""
     assert state.prompts is not None
     prompt = state.prompts.unique(size)
-    completion, hits_delta = _measure(state, prompt.text, SAMPLE_MAX_TOKENS)
+    try:
+        completion, evidence = _measure(state, prompt.text, SAMPLE_MAX_TOKENS)
+    except StreamCut as error:
+        return {**extra, "ttft_ms": None, "asked_tokens": size, "tokenized_tokens": prompt.tokens,
+                "nonce": prompt.nonce, "failure": str(error), "cached_reasons": []}
     record = {
         **extra,
         "ttft_ms": _ms(completion.ttft_s),
         "total_ms": _ms(completion.total_s),
-        "prompt_tokens": completion.prompt_tokens,
-        "tokenized_tokens": prompt.tokens,
-        "cached_tokens": completion.cached_tokens,
-        "metrics_hits_delta": hits_delta,
+        "prompt_tokens": completion.prompt_tokens,  # as the server's usage reports them
+        "asked_tokens": size,
+        "tokenized_tokens": prompt.tokens,  # as the arm's token counter fitted them
+        "token_mismatch": (None if completion.prompt_tokens is None
+                           else completion.prompt_tokens - size),
+        **evidence.to_record(),
         "nonce": prompt.nonce,
     }
-    record["cached_reasons"] = _cached_reasons(completion, hits_delta)
+    record["cached_reasons"] = evidence.reasons()
     return record
 
 
@@ -113,8 +178,12 @@ def warmups(state: ArmState, options: SweepOptions) -> None:
 
 
 def cold_sample(state: ArmState, size: int, round_index: int, position: int) -> dict[str, Any]:
-    """One cold sample, kept as a sample or (cached or empty) as discarded; returns it."""
+    """One cold sample, kept as a sample, as discarded (cached or empty) or as failed (its
+    stream cut short); returns it."""
     record = _timed_record(state, size, round=round_index, position=position, at=time.time())
+    if "failure" in record:
+        state.failed_samples.setdefault(size, []).append(record)
+        return record
     if record["ttft_ms"] is None:
         record["cached_reasons"].append("no generated text (no TTFT)")
     if record["cached_reasons"]:
@@ -129,28 +198,34 @@ def probes(state: ArmState, options: SweepOptions) -> None:
     size = options.probe_prompt_size
     n = options.probe_tokens
     prompt = state.prompts.unique(size)
-    cold, cold_hits = _measure(state, prompt.text, n, logprobs=True)
-    repeat, repeat_hits = _measure(state, prompt.text, n, logprobs=True)
+    cold, cold_evidence = _measure(state, prompt.text, n, logprobs=True)
+    repeat, repeat_evidence = _measure(state, prompt.text, n, logprobs=True)
     prefix_tokens, prefix_text = _clean_prefix(cold, n // 2)
-    if prefix_tokens:
+    extension_text: Prompted
+    if state.client is not None and state.client.api == "chat":
+        # a chat continues as a next turn, after the answer: its cache, no comparison
+        prefix_tokens, prefix_text = 0, ""
+        extension_text = [{"role": "user", "content": prompt.text},
+                          {"role": "assistant", "content": cold.text},
+                          {"role": "user", "content": state.prompts.unique(PROBE_FILL_TOKENS).text}]
+    elif prefix_tokens:
         extension_text = prompt.text + prefix_text
     else:  # no clean answer text to extend with: extend with fresh text, no comparison
         extension_text = prompt.text + " " + state.prompts.unique(PROBE_FILL_TOKENS).text
-    extension, extension_hits = _measure(state, extension_text, n, logprobs=True)
+    extension, extension_evidence = _measure(state, extension_text, n, logprobs=True)
 
     expected_rest = cold.text[len(prefix_text):] if prefix_tokens else None
     checks: dict[str, Any] = {
-        "cold_uncached": _cached_reasons(cold, cold_hits) == [],
+        "cold_uncached": _cache_check([cold_evidence], expect_hit=False),
         "repeat_same_answer": repeat.text == cold.text and bool(cold.text),
         "extension_same_answer": (None if expected_rest is None
                                   else _same_start(extension.text, expected_rest)),
     }
-    repeat_cached = _cached_count(repeat, repeat_hits)
-    extension_cached = _cached_count(extension, extension_hits)
+    reused = [repeat_evidence, extension_evidence]
     if state.arm.prefix_cache:  # a cache of final states only serves the extension
-        checks["cache_reused"] = bool(repeat_cached) or bool(extension_cached)
+        checks["cache_reused"] = _cache_check(reused, expect_hit=True)
     else:
-        checks["cache_unused"] = repeat_cached == 0 and extension_cached == 0
+        checks["cache_unused"] = _cache_check(reused, expect_hit=False)
     drift_repeat = _drift(cold.token_logprobs, repeat.token_logprobs)
     drift_extension = (_drift(cold.token_logprobs[prefix_tokens:], extension.token_logprobs)
                        if prefix_tokens else None)
@@ -160,9 +235,10 @@ def probes(state: ArmState, options: SweepOptions) -> None:
     state.probe = {
         "prompt_tokens": cold.prompt_tokens, "tokenized_tokens": prompt.tokens,
         "answer_tokens": n, "extension_answer_tokens": prefix_tokens,
-        "cold": _answer(cold, cold_hits), "repeat": _answer(repeat, repeat_hits),
-        "extension": _answer(extension, extension_hits),
-        "repeat_cached_tokens": repeat_cached, "extension_cached_tokens": extension_cached,
+        "cold": _answer(cold, cold_evidence), "repeat": _answer(repeat, repeat_evidence),
+        "extension": _answer(extension, extension_evidence),
+        "repeat_cached_tokens": repeat_evidence.count,
+        "extension_cached_tokens": extension_evidence.count,
         "drift_repeat": drift_repeat, "drift_extension": drift_extension,
         "drift": drift, "drift_bound": options.drift_bound, "checks": checks,
     }
@@ -174,14 +250,18 @@ def shared_prefix(state: ArmState, options: SweepOptions) -> None:
     head = state.prompts.unique(total // 2)
     first = state.prompts.extend(head.text, total)
     second = state.prompts.extend(head.text, total)
-    p1, p1_hits = _measure(state, first.text, SAMPLE_MAX_TOKENS)
-    p2, p2_hits = _measure(state, second.text, SAMPLE_MAX_TOKENS)
+    p1, p1_evidence = _measure(state, first.text, SAMPLE_MAX_TOKENS)
+    p2, p2_evidence = _measure(state, second.text, SAMPLE_MAX_TOKENS)
     state.shared_prefix.append({
         "shared_tokens": head.tokens, "total_tokens": total,
         "p1_ttft_ms": _ms(p1.ttft_s), "p1_prompt_tokens": p1.prompt_tokens,
-        "p1_cached_tokens": p1.cached_tokens, "p1_metrics_hits_delta": p1_hits,
+        "p1_cached_tokens": p1_evidence.count,
+        "p1_metrics_hits_delta": p1_evidence.hits_delta,
+        "p1_cache_evidence": p1_evidence.state,
         "p2_ttft_ms": _ms(p2.ttft_s), "p2_prompt_tokens": p2.prompt_tokens,
-        "p2_cached_tokens": p2.cached_tokens, "p2_metrics_hits_delta": p2_hits,
+        "p2_cached_tokens": p2_evidence.count,
+        "p2_metrics_hits_delta": p2_evidence.hits_delta,
+        "p2_cache_evidence": p2_evidence.state,
     })
 
 
@@ -198,7 +278,8 @@ def decode(state: ArmState, options: SweepOptions) -> None:
     tokens_per_s = window.tokens_per_s
     state.decode = {
         "window_s": window.window_s, "elapsed_s": window.elapsed_s,
-        "output_tokens": window.tokens, "ended_early": window.ended_early,
+        "output_tokens": window.tokens, "tokens_counted_by": window.counted_by,
+        "ended_early": window.ended_early,
         "ttft_ms": _ms(window.ttft_s), "prompt_tokens": prompt.tokens,
         "spec_drafts": drafts, "spec_accepted_tokens": accepted,
         "acceptance_length": acceptance, "tokens_per_s": tokens_per_s,
@@ -213,34 +294,30 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
-def _cached_reasons(completion: Completion, hits_delta: float | None) -> list[str]:
-    reasons = []
-    if completion.cached_tokens:
-        reasons.append(f"usage reports {completion.cached_tokens} cached tokens")
-    if hits_delta:
-        reasons.append(f"/metrics prefix-cache hits rose by {hits_delta:g} tokens")
-    return reasons
+def _cache_check(evidence: list[CacheEvidence], *, expect_hit: bool) -> bool | str:
+    """A cache check over requests: ``expect_hit`` when any reports cached tokens, else
+    UNVERIFIABLE when any reports nothing, else ``not expect_hit``."""
+    states = {e.state for e in evidence}
+    if VERIFIED_CACHED in states:
+        return expect_hit
+    return UNVERIFIABLE if UNKNOWN in states else not expect_hit
 
 
-def _cached_count(completion: Completion, hits_delta: float | None) -> float | None:
-    if completion.cached_tokens is not None:
-        return completion.cached_tokens
-    return hits_delta
-
-
-def _answer(completion: Completion, hits_delta: float | None) -> dict[str, Any]:
+def _answer(completion: Completion, evidence: CacheEvidence) -> dict[str, Any]:
     return {"text": completion.text, "token_logprobs": completion.token_logprobs,
             "ttft_ms": _ms(completion.ttft_s), "prompt_tokens": completion.prompt_tokens,
-            "completion_tokens": completion.completion_tokens,
-            "cached_tokens": completion.cached_tokens, "metrics_hits_delta": hits_delta}
+            "completion_tokens": completion.completion_tokens, **evidence.to_record()}
 
 
 def _clean_prefix(completion: Completion, want: int) -> tuple[int, str]:
     """The first ``want`` answer tokens as text, cut before any token that is not plain
-    printable ASCII (which might not tokenize back to itself); (tokens, text)."""
+    printable ASCII (which might not tokenize back to itself); (tokens, text). Without
+    token strings, characters are tokens only where the usage shows one per token
+    (byte-level); else (0, "")."""
     pieces = completion.tokens
-    if len(pieces) < want:  # no token strings: one character per token (byte-level)
-        pieces = list(completion.text)
+    if len(pieces) < want:
+        byte_level = completion.completion_tokens == len(completion.text)
+        pieces = list(completion.text) if byte_level else []
     taken: list[str] = []
     for piece in pieces[:want]:
         if not piece or not all(32 <= ord(ch) < 127 for ch in piece):

@@ -26,6 +26,7 @@ class ArmState:
     probe: dict[str, Any] | None = None
     samples: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     discarded: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    failed_samples: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # cut short
     shared_prefix: list[dict[str, Any]] = field(default_factory=list)
     decode: dict[str, Any] | None = None
     failure: dict[str, Any] | None = None

@@ -16,6 +16,27 @@ thread (:func:`start`). Behaviour comes from environment-style flags:
     FAKE_TAG=text             printed in the start line (for activation patterns)
     FAKE_MAX_MODEL_LEN=N      refuse (400) a completion whose prompt and max_tokens exceed N
     FAKE_LIMIT_IN=models      where N is reported: /v1/models (as vLLM), or tokenize
+    FAKE_TOKENIZE=1|0         serve POST /tokenize (0: answer 404, as servers without one do)
+
+Switches that make it behave like a plain third-party server (`transformers serve`):
+
+    FAKE_DONE=1|0             end the stream with data: [DONE], or just end the body
+    FAKE_USAGE_IN=own|last    usage (asked for with stream_options.include_usage) in a final
+                              chunk of its own ("choices": []), or in the last content chunk
+    FAKE_CACHED_DETAILS=1|0   usage.prompt_tokens_details.cached_tokens, or no details
+    FAKE_METRICS=1|0          serve /metrics, or answer it 404
+    FAKE_STRICT=0|1           answer 422 to any request field the OpenAI API does not name
+    FAKE_NO_STREAM_OPTIONS=0|1  answer 422 to stream_options
+    FAKE_CHUNK_TOKENS=1       tokens (characters) per content chunk
+    FAKE_LOGPROBS=1|0         answer logprobs when asked, or ignore the request for them
+    FAKE_CUT_AT=K             the K-th completion's stream is cut short after one token, as
+    FAKE_CUT=drop               drop: the connection closes inside the chunked body
+                                mid-event: the body ends inside an event
+                                no-finish: the body ends with no finish_reason, usage or [DONE]
+    FAKE_STALL_AT=K           the K-th completion sends one token, then nothing for 30 s
+
+/v1/chat/completions takes its messages' contents, joined, as the prompt (no template): a
+role-only chunk first, then ``delta.content`` chunks.
 
 The model is autoregressive and deterministic: the next character depends on the last
 eight characters of the context, so extending a prompt by the start of its own answer
@@ -35,6 +56,17 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz "
+STANDARD_FIELDS = {  # request fields the OpenAI API names, per endpoint
+    "/v1/completions": {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream",
+                        "stream_options", "logprobs", "echo", "stop", "presence_penalty",
+                        "frequency_penalty", "best_of", "logit_bias", "seed", "suffix",
+                        "user"},
+    "/v1/chat/completions": {"model", "messages", "max_tokens", "max_completion_tokens",
+                             "temperature", "top_p", "n", "stream", "stream_options",
+                             "logprobs", "top_logprobs", "stop", "presence_penalty",
+                             "frequency_penalty", "logit_bias", "seed", "user"},
+}
+STALL_S = 30.0
 
 
 class FakeState:
@@ -100,7 +132,7 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             model = {"id": "fake-model", "root": "fake/root", "revision": "abc123"}
             self._json({"data": [{**model, **self._limit("models")}]})
-        elif self.path == "/metrics":
+        elif self.path == "/metrics" and self.state.flag("FAKE_METRICS", "1") == "1":
             with self.state.lock:
                 lines = [f'{name}{{model_name="fake-model"}} {value}'
                          for name, value in self.state.counters.items()]
@@ -110,11 +142,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self._body()
-        if self.path == "/tokenize":
+        if self.path == "/tokenize" and self.state.flag("FAKE_TOKENIZE", "1") == "1":
             prompt = body.get("prompt", "")
             self._json({"tokens": list(prompt.encode()), "count": len(prompt.encode()),
                         **self._limit("tokenize")})
-        elif self.path == "/v1/completions":
+        elif self.path in STANDARD_FIELDS:
             self._complete(body)
         else:
             self._json({"error": "not found"}, 404)
@@ -131,9 +163,60 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
+    def _refusal(self, body: dict) -> str | None:
+        """Why a strict server refuses ``body`` (as `transformers serve` does), or None."""
+        if "stream_options" in body and self.state.flag("FAKE_NO_STREAM_OPTIONS", "0") == "1":
+            return "Unexpected fields in the request: {'stream_options'}"
+        unknown = set(body) - STANDARD_FIELDS[self.path]
+        if unknown and self.state.flag("FAKE_STRICT", "0") == "1":
+            return f"Unexpected fields in the request: {unknown}"
+        return None
+
+    def _usage(self, prompt: str, cached: int, completion_tokens: int) -> dict:
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
+                 "total_tokens": len(prompt) + completion_tokens}
+        if self.state.flag("FAKE_CACHED_DETAILS", "1") == "1":
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
+
+    def _choice(self, text: str, finish: str | None, logprobs: list[float] | None) -> dict:
+        """One streamed choice, in the completions or the chat form."""
+        choice: dict = {"index": 0, "finish_reason": finish}
+        if self.path == "/v1/chat/completions":
+            choice["delta"] = {"content": text}
+            if logprobs is not None:
+                choice["logprobs"] = {"content": [{"token": c, "logprob": lp}
+                                                  for c, lp in zip(text, logprobs)]}
+        else:
+            choice["text"] = text
+            if logprobs is not None:
+                choice["logprobs"] = {"tokens": list(text), "token_logprobs": logprobs}
+        return choice
+
+    def _cut(self, how: str) -> None:
+        """End the stream short: drop the connection, or end the body inside an event or
+        with no finish_reason, usage or [DONE]."""
+        if how == "drop":
+            self.wfile.write(b"40\r\ndata: {\"choi")
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+            return
+        if how == "mid-event":
+            data = b'data: {"choices": [{"index": 0, "te'
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
     def _complete(self, body: dict) -> None:
         state = self.state
-        prompt = body["prompt"]
+        refusal = self._refusal(body)
+        if refusal:
+            state.log(f"fake: refused (422) {refusal}")
+            self._json({"detail": refusal}, 422)
+            return
+        chat = self.path == "/v1/chat/completions"
+        prompt = "".join(m["content"] for m in body["messages"]) if chat else body["prompt"]
         limit = int(state.number("FAKE_MAX_MODEL_LEN", 0))
         if limit and len(prompt) + int(body.get("max_tokens", 16)) > limit:
             state.log(f"fake: refused prompt_tokens={len(prompt)}")
@@ -171,7 +254,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         try:
             role_delay = state.number("FAKE_ROLE_DELAY_S", 0)
-            if role_delay:
+            if role_delay or chat:
                 self._chunk(json.dumps({"choices": [{"index": 0, "text": "",
                                                      "delta": {"role": "assistant"}}]}))
                 time.sleep(role_delay)
@@ -179,25 +262,43 @@ class Handler(BaseHTTPRequestHandler):
             drift = state.number("FAKE_DRIFT", 0) if cached else 0.0
             context = prompt
             max_tokens = int(body.get("max_tokens", 16))
-            for index in range(max_tokens):
-                if index:
+            per_chunk = int(state.number("FAKE_CHUNK_TOKENS", 1))
+            usage = None
+            if (body.get("stream_options") or {}).get("include_usage"):
+                usage = self._usage(prompt, reported, max_tokens)
+            usage_in_last = state.flag("FAKE_USAGE_IN", "own") == "last"
+            for start in range(0, max_tokens, per_chunk):
+                if start:
                     time.sleep(state.number("FAKE_DECODE_S", 0.002))
-                char, logprob = next_char(context)
-                context += char
-                choice = {"index": 0, "text": char,
-                          "finish_reason": "length" if index == max_tokens - 1 else None}
-                if body.get("logprobs"):
-                    choice["logprobs"] = {"tokens": [char], "token_logprobs": [logprob + drift]}
-                self._chunk(json.dumps({"choices": [choice]}))
-                if index and state.flag("FAKE_SPEC", "0") == "1":
+                text, logprobs = "", []
+                for _ in range(min(per_chunk, max_tokens - start)):
+                    char, logprob = next_char(context)
+                    context += char
+                    text += char
+                    logprobs.append(logprob + drift)
+                last = start + per_chunk >= max_tokens
+                chunk: dict = {"choices": [self._choice(
+                    text, "length" if last else None,
+                    logprobs if body.get("logprobs") and state.flag("FAKE_LOGPROBS", "1") == "1"
+                    else None)]}
+                if last and usage and usage_in_last:
+                    chunk["usage"] = usage
+                self._chunk(json.dumps(chunk))
+                if start and state.flag("FAKE_SPEC", "0") == "1":
                     with state.lock:
                         state.counters["vllm:spec_decode_num_drafts_total"] += 3
                         state.counters["vllm:spec_decode_num_accepted_tokens_total"] += 2
-            usage = {"prompt_tokens": len(prompt), "completion_tokens": max_tokens,
-                     "total_tokens": len(prompt) + max_tokens,
-                     "prompt_tokens_details": {"cached_tokens": reported}}
-            self._chunk(json.dumps({"choices": [], "usage": usage}))
-            self._chunk("[DONE]")
+                if int(state.number("FAKE_CUT_AT", 0)) == number:
+                    state.log(f"fake: cutting request {number} short")
+                    self._cut(state.flag("FAKE_CUT", "drop"))
+                    return
+                if int(state.number("FAKE_STALL_AT", 0)) == number:
+                    state.log(f"fake: stalling request {number}")
+                    time.sleep(STALL_S)
+            if usage and not usage_in_last:
+                self._chunk(json.dumps({"choices": [], "usage": usage}))
+            if state.flag("FAKE_DONE", "1") == "1":
+                self._chunk("[DONE]")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -15,7 +17,7 @@ from click.testing import CliRunner
 
 from kdabench.cli.main import cli
 from kdabench.receipts import verify_file
-from kdabench.sweep.client import ServerClient, parse_prometheus
+from kdabench.sweep.client import ServerClient, StreamCut, parse_prometheus
 from kdabench.sweep.prompts import PromptFactory
 
 FAKE_SCRIPT = Path(fake.__file__).resolve()
@@ -241,17 +243,6 @@ def test_logprob_drift_over_the_bound_fails_the_probe(tmp_path: Path, attached) 
     assert probe["checks"]["repeat_same_answer"] is True
 
 
-def test_unreachable_endpoint_is_a_partial_receipt(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    text = one_arm(health_timeout_s=0.5)
-    result, receipt, _ = sweep(tmp_path, text, "--endpoint", f"http://127.0.0.1:{port}")
-    assert result.exit_code == 1
-    assert receipt["status"] == "partial"
-    assert cases_by_id(receipt)["failure/only"]["phase"] == "server start"
-
-
 # ---------------------------------------------------------------------------- client
 
 
@@ -384,3 +375,191 @@ def test_without_out_the_receipt_goes_to_the_working_folder(tmp_path: Path, atta
     assert result.exit_code == 0, result.output
     receipts = list((tmp_path / ".kdabench").glob("serve-sweep-*.json"))
     assert len(receipts) == 1 and verify_file(receipts[0]).ok
+
+
+# ---------------------------------------------------------------------------- streams and cache evidence
+
+PLAIN = {"FAKE_DONE": "0", "FAKE_CACHED_DETAILS": "0", "FAKE_METRICS": "0", "FAKE_STRICT": "1"}
+"""A plain third-party server: no [DONE], usage in a chunk of its own and without
+prompt_tokens_details, no /metrics, 422 for any non-standard request field."""
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+@pytest.mark.parametrize("done", ["1", "0"])
+@pytest.mark.parametrize("usage_in", ["own", "last"])
+def test_streams_end_with_or_without_done_and_usage_anywhere(attached, api: str, done: str,
+                                                             usage_in: str) -> None:
+    url, log = attached(FAKE_DONE=done, FAKE_USAGE_IN=usage_in, FAKE_STRICT="1")
+    with ServerClient(url, api=api) as client:
+        client.resolve_model()
+        first = client.complete("x" * 32, max_tokens=4, logprobs=False)
+        second = client.complete("y" * 32, max_tokens=4, logprobs=False)  # connection reusable
+    for completion in (first, second):
+        assert len(completion.text) == 4 and completion.finish_reason == "length"
+        assert completion.prompt_tokens == 32 and completion.completion_tokens == 4
+        assert completion.cached_tokens == 0 and completion.token_logprobs == []
+    assert not [line for line in log if "refused" in line]  # only standard fields were sent
+
+
+def test_chat_ttft_waits_for_content_and_reads_chat_logprobs(attached) -> None:
+    url, _ = attached(FAKE_ROLE_DELAY_S="0.3", FAKE_US_PER_TOKEN="0")
+    with ServerClient(url, api="chat") as client:
+        client.resolve_model()
+        completion = client.complete("x" * 32, max_tokens=3, logprobs=True)
+    assert completion.ttft_s >= 0.3 and completion.content_chunks == 3
+    assert completion.tokens == list(completion.text) and len(completion.token_logprobs) == 3
+
+
+def test_a_refused_stream_options_is_retried_once_without(attached) -> None:
+    url, log = attached(FAKE_NO_STREAM_OPTIONS="1")
+    with ServerClient(url) as client:
+        client.resolve_model()
+        first = client.complete("x" * 32, max_tokens=2)
+        second = client.complete("y" * 32, max_tokens=2)
+    assert first.text and second.text and not client.stream_usage
+    assert first.prompt_tokens is None and first.cached_tokens is None  # no usage: unknown
+    assert len([line for line in log if "refused (422)" in line]) == 1
+
+
+def test_chunks_of_several_tokens_are_counted_from_usage(attached) -> None:
+    url, _ = attached(FAKE_CHUNK_TOKENS="3", FAKE_LOGPROBS="0")
+    with ServerClient(url) as client:
+        client.resolve_model()
+        completion = client.complete("x" * 32, max_tokens=9)
+        window = client.decode_window("y" * 32, window_s=5.0, max_tokens=9)
+    assert completion.content_chunks == 3 and completion.completion_tokens == 9
+    assert window.ended_early and window.counted_by == "usage" and window.tokens == 6
+
+
+CUTS = [("drop", "connection was lost mid-stream"),
+        ("mid-event", "the body ended inside an event"),
+        ("no-finish", "ended with no finish_reason, usage or [DONE]")]
+
+
+@pytest.mark.parametrize(("how", "reason"), CUTS)
+def test_a_stream_cut_short_raises_stream_cut(attached, how: str, reason: str) -> None:
+    url, _ = attached(FAKE_CUT_AT="1", FAKE_CUT=how)
+    with ServerClient(url) as client:
+        client.resolve_model()
+        with pytest.raises(StreamCut, match=re.escape(reason)):
+            client.complete("x" * 32, max_tokens=4)
+        assert client.complete("x" * 32, max_tokens=4).text  # the server still answers
+
+
+@pytest.mark.parametrize(("how", "reason"), CUTS)
+def test_a_cut_stream_is_a_failed_sample_with_its_reason(tmp_path: Path, attached, how: str,
+                                                         reason: str) -> None:
+    url, _ = attached(FAKE_CUT_AT="5", FAKE_CUT=how)  # 1 warmup, 3 probes, samples 5 and 6
+    result, receipt, _ = sweep(tmp_path, one_arm(), "--endpoint", url, "--prompt-tokens", "64")
+    assert result.exit_code == 1, result.output
+    cases = cases_by_id(receipt)
+    cold = cases["cold/only/64"]
+    assert cold["verdict"] == "fail" and cold["n"] == 1
+    (failed,) = cold["failed_samples"]
+    assert failed["round"] == 0 and reason in failed["failure"]
+    assert "streams cut short" in cold["message"] and failed["failure"] in cold["message"]
+    assert "failure/only" not in cases and cases["decode/only"]["verdict"] == "pass"
+
+
+def test_a_stalled_server_hits_the_request_timeout_once(tmp_path: Path, attached) -> None:
+    url, _ = attached(FAKE_STALL_AT="5")
+    start = time.monotonic()
+    result, receipt, _ = sweep(tmp_path, one_arm(request_timeout_s=1.0), "--endpoint", url,
+                               "--prompt-tokens", "64")
+    assert time.monotonic() - start < 15  # one timeout, not one per request
+    assert result.exit_code == 1, result.output
+    failure = cases_by_id(receipt)["failure/only"]
+    assert "request timeout (1 s)" in failure["message"] and "round 1" in failure["phase"]
+
+
+def test_a_plain_server_leaves_its_arm_unverified_and_exits_0(tmp_path: Path,
+                                                              attached) -> None:
+    url, log = attached(**PLAIN)
+    result, receipt, path = sweep(tmp_path, one_arm(), "--endpoint", url,
+                                  "--prompt-tokens", "64")
+    assert result.exit_code == 0, result.output
+    assert verify_file(path).ok and receipt["status"] == "complete"
+    assert not [line for line in log if "refused" in line]
+    cases = cases_by_id(receipt)
+    cold = cases["cold/only/64"]
+    assert cold["verdict"] == "skip" and cold["status"] == "unverified" and cold["n"] == 2
+    assert "cold by construction (unique from the first token), not verified by the server" \
+        in cold["message"]
+    assert {s["cache_evidence"] for s in cold["samples"]} == {"unknown"}
+    assert cold["cache_evidence"] == {"verified-cold": 0, "verified-cached": 0, "unknown": 2}
+    probe = cases["probe/only"]
+    assert probe["verdict"] == "skip" and probe["status"] == "unverified"
+    assert probe["checks"]["cold_uncached"] == "unverifiable"
+    assert probe["checks"]["cache_reused"] == "unverifiable"
+    assert probe["checks"]["repeat_same_answer"] is True
+    assert cases["shared-prefix/only"]["message"] == "P2 cached tokens not reported by the server"
+    assert {c["verdict"] for c in receipt["cases"]} == {"pass", "skip"}
+    # the summary table and the last line say it in words
+    assert "unverified" in result.stdout and "cold/only/64" in result.stdout
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("nothing failed; 1 arm(s) unverified (only)"), last
+
+
+def test_unverified_arms_are_named_when_another_case_fails(tmp_path: Path, attached) -> None:
+    url, _ = attached(**PLAIN, FAKE_CUT_AT="5")
+    result, _, _ = sweep(tmp_path, one_arm(), "--endpoint", url, "--prompt-tokens", "64")
+    assert result.exit_code == 1, result.output
+    assert "1 case(s) did not pass: cold/only/64; 1 arm(s) unverified" in result.stderr
+
+
+def test_metrics_alone_verify_cold_samples_and_catch_a_hit(tmp_path: Path, attached) -> None:
+    # no cached-token count in usage; /metrics: samples are requests 5, 6, 7; 7 shows a hit
+    url, _ = attached(FAKE_CACHED_DETAILS="0", FAKE_METRICS_LIE_AT="7")
+    result, receipt, _ = sweep(tmp_path, one_arm(samples=3), "--endpoint", url,
+                               "--prompt-tokens", "64")
+    assert result.exit_code == 1, result.output
+    cold = cases_by_id(receipt)["cold/only/64"]
+    assert cold["verdict"] == "fail" and cold["n"] == 2
+    assert {s["cache_evidence"] for s in cold["samples"]} == {"verified-cold"}
+    assert all(s["cached_tokens"] is None and s["metrics_hits_delta"] == 0
+               for s in cold["samples"])
+    (discarded,) = cold["discarded"]
+    assert discarded["cache_evidence"] == "verified-cached"
+    assert discarded["cached_reasons"] == ["/metrics prefix-cache hits rose by 16 tokens"]
+
+
+def test_no_cache_probe_with_unknown_evidence_is_unverifiable(tmp_path: Path,
+                                                              attached) -> None:
+    url, _ = attached(**PLAIN, FAKE_PREFIX_CACHE="0")
+    result, receipt, _ = sweep(tmp_path, one_arm(prefix_cache=False), "--endpoint", url,
+                               "--prompt-tokens", "64")
+    assert result.exit_code == 0, result.output
+    probe = cases_by_id(receipt)["probe/only"]
+    assert probe["checks"]["cache_unused"] == "unverifiable"
+    assert probe["verdict"] == "skip" and probe["status"] == "unverified"
+    assert "unverifiable: cold_uncached, cache_unused" in probe["message"]
+
+
+def test_no_cache_arm_with_a_verified_hit_fails_its_probe(tmp_path: Path, attached) -> None:
+    url, _ = attached(FAKE_PREFIX_CACHE="1", FAKE_CACHED_DETAILS="0")  # /metrics shows hits
+    result, receipt, _ = sweep(tmp_path, one_arm(prefix_cache=False), "--endpoint", url,
+                               "--prompt-tokens", "64")
+    assert result.exit_code == 1, result.output
+    probe = cases_by_id(receipt)["probe/only"]
+    assert probe["checks"]["cache_unused"] is False and probe["checks"]["cold_uncached"] is True
+    assert probe["verdict"] == "fail" and probe["message"] == "failed: cache_unused"
+    assert cases_by_id(receipt)["cold/only/64"]["verdict"] == "pass"
+
+
+def test_a_chat_sweep_passes_against_a_verifying_server(tmp_path: Path, attached) -> None:
+    url, _ = attached(FAKE_STRICT="1")
+    result, receipt, _ = sweep(tmp_path, one_arm(), "--endpoint", url, "--prompt-tokens", "64",
+                               "--api", "chat")
+    assert result.exit_code == 0, result.output
+    assert receipt["config"]["options"]["api"] == "chat"
+    assert all(case["verdict"] == "pass" for case in receipt["cases"]), result.output
+    probe = cases_by_id(receipt)["probe/only"]
+    assert probe["checks"]["extension_same_answer"] is None  # a chat goes on as a next turn
+    assert probe["checks"]["cache_reused"] is True and probe["extension_cached_tokens"] >= 80
+    assert result.stdout.strip().splitlines()[-1] == "all probes and checks pass"
+
+
+def test_an_unknown_api_is_bad_input(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["serve-sweep", "--api", "responses", "--out",
+                                      str(tmp_path)], prog_name="kdabench")
+    assert result.exit_code == 2 and "'responses' is not one of" in result.output
