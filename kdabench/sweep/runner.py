@@ -1,6 +1,7 @@
-"""The sweep: every arm's server up at once, measured in interleaved rounds, one receipt.
+"""The sweep: every arm's server up at once, measured in interleaved rounds, one receipt;
+or, with the blocks schedule, one server at a time.
 
-Order of work (DESIGN section 6)::
+Order of work, interleaved (DESIGN section 6)::
 
     start or attach every arm's server, wait for /health, read /version and /v1/models
     check every request fits each server's max_model_len (else SweepError, no receipt)
@@ -17,6 +18,22 @@ Order of work (DESIGN section 6)::
              acceptance length read from /metrics
     per arm: activation patterns again, and `activation_after` over the log written
              while measuring
+
+The blocks schedule is for deployments that hold one server at a time: the arms run in
+blocks, passes over the arms alternating direction (A B B A, then again as asked), each
+block with a server of its own: start it, wait for /health, read its info, activation
+patterns, warmups, ``samples`` cold samples per prompt size, then (the arm's last block)
+probes, shared prefix, decode and activation after over that block's log, stop it. Every
+sample records its block; the receipt lists the blocks (server, start and stop times) and
+a ``block-drift`` case per arm and size compares the blocks' medians.
+
+Attached servers are checked before anything is sent: an endpoint where nothing listens,
+or arms that differ in server settings sharing one, are bad input (SweepError). Arms that
+share an attached server wait for its /health once.
+
+Prompt token counts come from :func:`~kdabench.sweep.tokens.choose_counter`: the user's
+tokenizer, the server's /tokenize, or calibration on the server's usage; the receipt
+records the source per arm (``config.servers.<arm>.token_counts``).
 
 A server that fails mid-sweep ends its arm: the failure is a case, every sample so far is
 kept, the receipt is left "partial" and the result is not ok. The receipt is rewritten
@@ -38,9 +55,9 @@ from typing import Any
 from kdabench.receipts import ReceiptBuilder, new_receipt, receipt_dir
 from kdabench.sweep import phases
 from kdabench.sweep.arms import ArmsFile
-from kdabench.sweep.cases import live_rows, sweep_cases
+from kdabench.sweep.cases import block_cases, case_ok, live_rows, sweep_cases
 from kdabench.sweep.client import ServerClient, ServerError, ServerGone
-from kdabench.sweep.limits import check_context
+from kdabench.sweep.limits import check_attached_arms, check_context, endpoint_groups
 from kdabench.sweep.options import SweepError, SweepOptions
 from kdabench.sweep.prompts import PromptError, PromptFactory
 from kdabench.sweep.servers import (
@@ -49,8 +66,10 @@ from kdabench.sweep.servers import (
     EmbeddedServer,
     LaunchedServer,
     ServerStartError,
+    check_reachable,
 )
 from kdabench.sweep.state import ArmState
+from kdabench.sweep.tokens import TokenCounter, choose_counter, load_tokenizer
 
 MODES = ("embedded", "launch", "attach")
 DEATH_GRACE_S = 2.0  # how long a dropped connection waits for its process to exit
@@ -87,7 +106,7 @@ class Sweep:
                  launch: str | None = None, endpoint: str | None = None,
                  out_dir: str | Path | None = None, api_key: str | None = None,
                  api_key_env: str | None = None, command_line: list[str] | None = None,
-                 device: Any = None) -> None:
+                 device: Any = None, tokenizer: str | None = None) -> None:
         if mode not in MODES:
             raise SweepError(f"mode {mode!r} is not one of {', '.join(MODES)}")
         if mode == "launch" and not launch:
@@ -95,8 +114,17 @@ class Sweep:
         if mode == "attach" and not endpoint and not all(a.endpoint for a in arms.arms):
             raise SweepError("attach mode needs --endpoint URL or an endpoint for every arm")
         options.validate()
+        if options.blocks_schedule and mode == "attach":
+            raise SweepError("--schedule blocks starts a server for every block: give "
+                             "--launch CMD, or neither --launch nor --endpoint for the embedded "
+                             "server")
         if mode == "embedded":
             check_context(options, EMBEDDED_MAX_MODEL_LEN, "the embedded server")
+        if mode == "attach":
+            for url in endpoint_groups(arms, endpoint):
+                check_reachable(url)
+            check_attached_arms(arms, endpoint)
+        self._tokenizer = None if tokenizer is None else load_tokenizer(tokenizer)
         self.arms = arms
         self.options = options
         self.mode = mode
@@ -108,6 +136,7 @@ class Sweep:
             "options": {k: (list(v) if isinstance(v, tuple) else v)
                         for k, v in dataclasses.asdict(options).items()},
             "rounds": options.round_count,
+            "schedule": options.schedule,
             "mode": mode,
             "launch": launch,
             "endpoint": endpoint,
@@ -125,6 +154,8 @@ class Sweep:
         self.path = receipt_dir(out_dir) / self._builder.filename()
         self.log_dir = self.path.with_suffix("").with_name(self.path.stem + "-logs")
         self.states = [ArmState(arm=arm, server=None) for arm in arms.arms]
+        self.blocks: list[dict[str, Any]] = []  # blocks schedule: one record per block
+        self._counters: dict[str, TokenCounter] = {}
         self.on_event: Callable[[str], None] = lambda message: None
         self.on_update: Callable[[], None] = lambda: None
 
@@ -133,35 +164,12 @@ class Sweep:
     def run(self) -> SweepResult:
         """Run the sweep; returns the result with the final receipt (written). Raises
         SweepError, before any receipt is written, when a server's max_model_len is too
-        short for the sweep's requests."""
+        short for the sweep's requests (the blocks schedule: the first block's server)."""
         try:
-            self._start_servers()
-            for state in self._active():
-                self._phase(state, "server info", phases.server_info)
-            self._check_context()
-            self._snapshot("partial")
-            for state in self._active():
-                self._phase(state, "activation before timing", phases.activation_before)
-            for state in self._active():
-                self._phase(state, "warmups", lambda s: phases.warmups(s, self.options))
-            for state in self._active():
-                self._phase(state, "probes", lambda s: phases.probes(s, self.options))
-            self._snapshot("partial")
-            for round_index in range(self.options.round_count):
-                for size in self.options.prompt_tokens:
-                    for state in self._order(round_index):
-                        for _ in range(self.options.samples_per_round):
-                            self._phase(state, f"round {round_index + 1} {size}-token sample",
-                                        lambda s, r=round_index, n=size: self._cold(s, n, r))
-                self._snapshot("partial")
-            for repeat in range(self.options.shared_prefix_repeats):
-                for state in self._order(repeat):
-                    self._phase(state, "shared prefix",
-                                lambda s: phases.shared_prefix(s, self.options))
-            for state in self._active():
-                self._phase(state, "decode", lambda s: phases.decode(s, self.options))
-            for state in self._active():
-                self._phase(state, "activation after timing", phases.activation_after)
+            if self.options.blocks_schedule:
+                self._run_blocks()
+            else:
+                self._run_interleaved()
         except KeyboardInterrupt:
             self._snapshot("partial")
             raise
@@ -170,13 +178,96 @@ class Sweep:
         failures = [s.failure for s in self.states if s.failure]
         complete = not failures
         receipt = self._snapshot("complete" if complete else "partial")
-        ok = complete and all(case["verdict"] == "pass" for case in receipt["cases"])
+        ok = complete and all(case_ok(case) for case in receipt["cases"])
         return SweepResult(receipt=receipt, receipt_path=self.path, ok=ok, complete=complete,
                            failures=failures)
 
-    def _check_context(self) -> None:
-        """SweepError when a request would not fit the max_model_len a server reported."""
+    def _run_interleaved(self) -> None:
+        """Every arm's server up at once, samples in rounds A B ..., then ... B A."""
+        self._start_servers()
         for state in self._active():
+            self._phase(state, "server info", phases.server_info)
+        self._check_context(self._active())
+        self._snapshot("partial")
+        for state in self._active():
+            self._phase(state, "activation before timing", phases.activation_before)
+        for state in self._active():
+            self._phase(state, "warmups", lambda s: phases.warmups(s, self.options))
+        for state in self._active():
+            self._phase(state, "probes", lambda s: phases.probes(s, self.options))
+        self._snapshot("partial")
+        for round_index in range(self.options.round_count):
+            for size in self.options.prompt_tokens:
+                for state in self._order(round_index):
+                    for _ in range(self.options.samples_per_round):
+                        self._phase(state, f"round {round_index + 1} {size}-token sample",
+                                    lambda s, r=round_index, n=size: self._cold(s, n, r))
+            self._snapshot("partial")
+        for repeat in range(self.options.shared_prefix_repeats):
+            for state in self._order(repeat):
+                self._phase(state, "shared prefix",
+                            lambda s: phases.shared_prefix(s, self.options))
+        for state in self._active():
+            self._phase(state, "decode", lambda s: phases.decode(s, self.options))
+        for state in self._active():
+            self._phase(state, "activation after timing", phases.activation_after)
+
+    def _run_blocks(self) -> None:
+        """One server at a time: each arm's blocks in the order of :func:`block_order`."""
+        plan = [state.arm.name for state in block_order(self.states, self.options.blocks)]
+        by_name = {state.arm.name: state for state in self.states}
+        for index, name in enumerate(plan):
+            if by_name[name].active:
+                self._block(index, by_name[name], last=name not in plan[index + 1:])
+
+    def _block(self, index: int, state: ArmState, *, last: bool) -> None:
+        """One block: the arm's own server started, measured and stopped; recorded."""
+        block: dict[str, Any] = {"block": index, "arm": state.arm.name,
+                                 "started_at": time.time()}
+        self.blocks.append(block)
+        self._start_server(state, f"{state.arm.name}-block{index}")
+        if state.active:
+            block["server"] = state.server.describe()
+            block["healthy_at"] = time.time()
+            self._block_phases(index, state, last=last)
+        self._stop_server(state)
+        block["stopped_at"] = time.time()
+        self._snapshot("partial")
+
+    def _block_phases(self, index: int, state: ArmState, *, last: bool) -> None:
+        """A block's steps; the arm's last block also probes, shares a prefix and decodes,
+        so that the log its activation_after patterns are checked over shows them."""
+        self._phase(state, "server info", phases.server_info)
+        self._check_block_context(index, state)
+        self._phase(state, "activation before timing", _activation_before)
+        self._phase(state, "warmups", lambda s: phases.warmups(s, self.options))
+        for round_index in range(self.options.samples):
+            for size in self.options.prompt_tokens:
+                self._phase(state, f"block {index + 1} {size}-token sample",
+                            lambda s, r=round_index, n=size: self._block_sample(s, n, r, index))
+        if last:
+            self._phase(state, "probes", lambda s: phases.probes(s, self.options))
+            for _ in range(self.options.shared_prefix_repeats):
+                self._phase(state, "shared prefix",
+                            lambda s: phases.shared_prefix(s, self.options))
+            self._phase(state, "decode", lambda s: phases.decode(s, self.options))
+            self._phase(state, "activation after timing", phases.activation_after)
+
+    def _check_block_context(self, index: int, state: ArmState) -> None:
+        """The first block's server too short for the sweep is bad input (nothing is written
+        yet); a later block's ends its arm."""
+        try:
+            self._check_context([state])
+        except SweepError as error:
+            if index == 0:
+                raise
+            state.failure = {"arm": state.arm.name, "phase": "server info",
+                             "message": str(error), "kind": type(error).__name__}
+            self.on_event(f"{state.arm.name}: FAILED during server info: {error}")
+
+    def _check_context(self, states: list[ArmState]) -> None:
+        """SweepError when a request would not fit the max_model_len a server reported."""
+        for state in states:
             limit = state.info.get("max_model_len")
             if limit is not None:
                 check_context(self.options, limit,
@@ -210,7 +301,15 @@ class Sweep:
 
     def _cold(self, state: ArmState, size: int, round_index: int) -> None:
         position = [s.arm.name for s in self._order(round_index)].index(state.arm.name)
-        record = phases.cold_sample(state, size, round_index, position)
+        self._report_discarded(state, size, phases.cold_sample(state, size, round_index,
+                                                               position))
+
+    def _block_sample(self, state: ArmState, size: int, round_index: int, block: int) -> None:
+        record = phases.cold_sample(state, size, round_index, 0)
+        record.update(block=block, arm=state.arm.name)
+        self._report_discarded(state, size, record)
+
+    def _report_discarded(self, state: ArmState, size: int, record: dict[str, Any]) -> None:
         if record["cached_reasons"]:
             self.on_event(f"{state.arm.name}: {size}-token sample discarded: "
                           f"{'; '.join(record['cached_reasons'])}")
@@ -218,38 +317,71 @@ class Sweep:
     # ---------------------------------------------------------------- servers
 
     def _start_servers(self) -> None:
+        if self.mode == "attach":
+            self._attach_servers()
+            return
         for state in self.states:
-            arm = state.arm
-            env = self.arms.arm_env(arm)
-            if self.mode == "launch":
-                log = self.log_dir / f"{arm.name}.log"
-                state.server = LaunchedServer(self.launch or "", self.arms.arm_args(arm), env,
-                                              log)
-            elif self.mode == "attach":
-                state.server = AttachedServer(arm.endpoint or self.endpoint or "", arm.log)
-            else:
-                state.server = EmbeddedServer(env, seed=self.options.seed)
-            self.on_event(f"{arm.name}: starting the server ({self.mode})")
-            try:
-                state.server.start(self.options.health_timeout_s)
-            except ServerStartError as error:
-                state.failure = {"arm": arm.name, "phase": "server start",
+            self._start_server(state, state.arm.name)
+
+    def _start_server(self, state: ArmState, log_name: str) -> None:
+        """Start the arm's own server (launched or embedded) and connect to it."""
+        arm = state.arm
+        env = self.arms.arm_env(arm)
+        if self.mode == "launch":
+            state.server = LaunchedServer(self.launch or "", self.arms.arm_args(arm), env,
+                                          self.log_dir / f"{log_name}.log")
+        else:
+            state.server = EmbeddedServer(env, seed=self.options.seed)
+        self.on_event(f"{arm.name}: starting the server ({self.mode})")
+        self._start_group([state])
+
+    def _attach_servers(self) -> None:
+        """One /health wait per attached server, shared by its arms: one timeout, one
+        message."""
+        by_name = {state.arm.name: state for state in self.states}
+        for url, arms in endpoint_groups(self.arms, self.endpoint).items():
+            group = [by_name[arm.name] for arm in arms]
+            for state in group:
+                state.server = AttachedServer(url, state.arm.log)
+            self.on_event(f"{_names(group)}: attaching to {url}")
+            self._start_group(group)
+
+    def _start_group(self, group: list[ArmState]) -> None:
+        """Start the server the arms of ``group`` share, then connect each arm to it."""
+        try:
+            group[0].server.start(self.options.health_timeout_s)
+            for state in group:
+                self._connect(state)
+        except (ServerStartError, ServerError) as error:
+            for state in group:
+                state.failure = {"arm": state.arm.name, "phase": "server start",
                                  "message": str(error), "kind": type(error).__name__}
-                self.on_event(f"{arm.name}: FAILED to start: {error}")
-                continue
-            state.client = ServerClient(state.server.url, api_key=self._api_key,
-                                        request_timeout_s=self.options.request_timeout_s)
-            state.prompts = PromptFactory(state.client.tokenize, seed=self.options.seed)
+            self.on_event(f"{_names(group)}: FAILED to start: {error}")
+
+    def _connect(self, state: ArmState) -> None:
+        """The arm's client, its token counter and its prompt factory."""
+        state.client = ServerClient(state.server.url, api_key=self._api_key,
+                                    request_timeout_s=self.options.request_timeout_s,
+                                    api=self.options.api)
+        counter = choose_counter(state.client, self._tokenizer, seed=self.options.seed)
+        self._counters[state.arm.name] = counter
+        state.prompts = PromptFactory(counter, seed=self.options.seed)
 
     def _stop_servers(self) -> None:
         for state in self.states:
-            if state.client is not None:
-                state.client.close()
-            if state.server is not None:
-                try:
-                    state.server.stop()
-                except Exception as error:  # noqa: BLE001 - stopping must not hide results
-                    self.on_event(f"{state.arm.name}: could not stop the server: {error}")
+            self._stop_server(state)
+
+    def _stop_server(self, state: ArmState) -> None:
+        """Close the arm's client and stop its server (an attached one is left running)."""
+        if state.client is not None:
+            state.client.close()
+            state.client = None
+        if state.server is not None:
+            try:
+                state.server.stop()
+            except Exception as error:  # noqa: BLE001 - stopping must not hide results
+                self.on_event(f"{state.arm.name}: could not stop the server: {error}")
+            state.server = None
 
     # ---------------------------------------------------------------- cases and receipt
 
@@ -260,18 +392,48 @@ class Sweep:
     def _snapshot(self, status: str) -> dict[str, Any]:
         meta = self._builder
         config = dict(meta.config)
-        config["servers"] = {s.arm.name: s.info for s in self.states if s.info}
+        config["servers"] = {s.arm.name: self._server_record(s) for s in self.states if s.info}
+        if self.options.blocks_schedule:
+            config["blocks"] = self.blocks
         builder = ReceiptBuilder(meta.kind, config=config, command_line=meta.command_line,
                                  device=meta.device, toolchain=meta.toolchain, git=meta.git,
                                  sources=meta.sources, tool_version=meta.tool_version,
                                  created_at=meta.created_at)
-        for case in sweep_cases(self.states, self.options):
+        cases = sweep_cases(self.states, self.options)
+        if self.options.blocks_schedule:
+            cases += block_cases(self.states, self.options)
+        for case in cases:
             builder.add_case(case)
         builder.write(self.path, status=status)
         return builder.document(status)
 
+    def _server_record(self, state: ArmState) -> dict[str, Any]:
+        """What the receipt keeps of an arm's server: its info and its token counts' source."""
+        counter = self._counters.get(state.arm.name)
+        return {**state.info, **({} if counter is None else {"token_counts": counter.describe()})}
+
 
 # -------------------------------------------------------------------- helpers
+
+
+def block_order(states: list[ArmState], blocks: int) -> list[ArmState]:
+    """Each arm ``blocks`` times, in passes over the arms that alternate direction:
+    A B B A for two arms and two blocks, A B B A A B for three blocks."""
+    return [state for turn in range(blocks)
+            for state in (states if turn % 2 == 0 else states[::-1])]
+
+
+def _activation_before(state: ArmState) -> None:
+    """The activation patterns over this block's server log; an earlier block's failure
+    stays the arm's."""
+    earlier = state.activation_before
+    phases.activation_before(state)
+    if earlier is not None and earlier["status"] == "failed":
+        state.activation_before = earlier
+
+
+def _names(group: list[ArmState]) -> str:
+    return ", ".join(state.arm.name for state in group)
 
 
 def client_host() -> dict[str, Any]:

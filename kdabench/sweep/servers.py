@@ -7,7 +7,8 @@ sweep cannot see it), ``alive()``, ``failure()`` (why it is not alive) and ``sto
   environment and arguments, logs its stdout and stderr to a file, waits for ``/health``,
   and stops only that process group: SIGTERM, then SIGKILL after a grace period.
 - :class:`AttachedServer` is a server somebody else runs; its log is the arm's ``log``
-  file when the arms file names one.
+  file when the arms file names one. :func:`check_reachable` refuses, as bad input and
+  without sending anything, an endpoint where nothing accepts a connection.
 - :class:`EmbeddedServer` is kdabench's reference server (``kdabench.serve``), started
   in this process with the arm's environment, taking prompts of up to
   :data:`EMBEDDED_MAX_MODEL_LEN` tokens.
@@ -30,9 +31,12 @@ from typing import Any
 
 import httpx
 
+from kdabench.sweep.options import SweepError
+
 STOP_GRACE_S = 10.0
 HEALTH_POLL_S = 0.2
 EMBEDDED_MAX_MODEL_LEN = 65536  # the longest prompt the embedded server is started to take
+CONNECT_TIMEOUT_S = 3.0  # how long check_reachable waits for a connection to open
 
 
 class ServerStartError(RuntimeError):
@@ -44,6 +48,26 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def check_reachable(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """SweepError when nothing accepts a TCP connection at ``url`` (refused, unknown host,
+    no route). Nothing is sent; a connection slow to open is left to the health wait."""
+    parsed = httpx.URL(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.host, port), timeout=timeout_s):
+            return
+    except ConnectionRefusedError:
+        reason = "connection refused: nothing listens there"
+    except socket.gaierror as error:
+        reason = f"unknown host ({error.strerror})"
+    except TimeoutError:
+        return
+    except OSError as error:
+        reason = error.strerror or str(error)
+    raise SweepError(f"{url}: {reason}; start the server first, or give --launch CMD to let "
+                     "kdabench start one")
 
 
 def wait_healthy(url: str, timeout_s: float, *, alive=None, describe=None) -> None:
@@ -131,7 +155,8 @@ class LaunchedServer:
             process.wait(timeout=STOP_GRACE_S)
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": "launch", "argv": self.argv, "url": self.url,
+        return {"mode": "launch", "argv": self.argv, "url": self.url, "port": self.port,
+                "pid": None if self._process is None else self._process.pid,
                 "log": str(self.log_path)}
 
 
