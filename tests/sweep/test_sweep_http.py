@@ -14,6 +14,7 @@ import httpx
 import pytest
 import sweep_fake_server as fake
 from click.testing import CliRunner
+from fake_arms import SWEEP
 
 from kdabench.cli.main import cli
 from kdabench.receipts import verify_file
@@ -23,20 +24,6 @@ from kdabench.sweep.prompts import PromptFactory
 FAKE_SCRIPT = Path(fake.__file__).resolve()
 LAUNCH = f"{sys.executable} {FAKE_SCRIPT}"
 SECRET = "sk-test-never-written-0123456789"
-
-SWEEP = """
-schema = "kdabench.arms.v1"
-name = "fake"
-[sweep]
-prompt_tokens = [64, 128]
-samples = 2
-warmups = 1
-probe_tokens = 8
-decode_window_s = 0.2
-decode_prompt_tokens = 32
-shared_prefix_tokens = 64
-health_timeout_s = 20.0
-"""
 
 TWO_ARMS = SWEEP + """
 [[arms]]

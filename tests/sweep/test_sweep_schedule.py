@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import sweep_fake_server as fake
 from click.testing import CliRunner
+from fake_arms import SWEEP
 
 from kdabench.cli.main import cli
 from kdabench.receipts import verify_file
@@ -21,19 +22,7 @@ from kdabench.sweep.state import ArmState
 
 LAUNCH = f"{sys.executable} {Path(fake.__file__).resolve()}"
 
-TWO_ARMS = """
-schema = "kdabench.arms.v1"
-name = "fake"
-[sweep]
-prompt_tokens = [64, 128]
-samples = 2
-warmups = 1
-probe_tokens = 8
-decode_window_s = 0.2
-decode_prompt_tokens = 32
-shared_prefix_tokens = 64
-health_timeout_s = 20.0
-
+TWO_ARMS = SWEEP + """
 [[arms]]
 name = "cache-on"
 env = { FAKE_PREFIX_CACHE = "1" }

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import sweep_fake_server as fake
 from click.testing import CliRunner
+from fake_arms import SWEEP
 
 from kdabench.cli.main import cli
 from kdabench.sweep.client import Completion, ServerClient
@@ -25,17 +26,7 @@ from kdabench.sweep.tokens import (
     load_tokenizer,
 )
 
-ARMS = """
-schema = "kdabench.arms.v1"
-[sweep]
-prompt_tokens = [64, 128]
-samples = 2
-warmups = 1
-probe_tokens = 8
-decode_window_s = 0.2
-decode_prompt_tokens = 32
-shared_prefix_tokens = 64
-health_timeout_s = 20.0
+ARMS = SWEEP + """
 [[arms]]
 name = "only"
 """
