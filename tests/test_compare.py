@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from devices import H200
 
 from kdabench.compare import (
     CompareError,
@@ -20,12 +21,7 @@ from kdabench.compare import (
 from kdabench.receipts import ReceiptBuilder, new_receipt
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-DEVICE = {
-    "kind": "cuda", "device": "cuda:0", "name": "NVIDIA H200", "compute_capability": "9.0",
-    "sm_count": 132, "total_memory_bytes": 150_000_000_000, "uuid": "GPU-0",
-    "driver_version": "580.159.04", "cuda_runtime_version": "13.0",
-    "cpu_model": "Intel Xeon", "cpu_count": 16,
-}
+DEVICE = H200
 SOURCES = {"kernels/api.py": "a" * 64, "oracles/recurrent.py": "b" * 64}
 TOOLCHAIN = {"python": "3.12.3", "torch": "2.11.0", "triton": "3.6.0", "kdabench": "0.1.0"}
 

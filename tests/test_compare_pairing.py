@@ -10,17 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from devices import H200
 
 from kdabench.compare import CompareError, compare_paths, pairing_lines, render_markdown
 from kdabench.receipts import new_receipt
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-DEVICE = {
-    "kind": "cuda", "device": "cuda:0", "name": "NVIDIA H200", "compute_capability": "9.0",
-    "sm_count": 132, "total_memory_bytes": 150_000_000_000, "uuid": "GPU-0",
-    "driver_version": "580.159.04", "cuda_runtime_version": "13.0",
-    "cpu_model": "Intel Xeon", "cpu_count": 16,
-}
+DEVICE = H200
 H100 = {**DEVICE, "name": "NVIDIA H100"}
 SOURCES = {"kernels/api.py": "a" * 64}
 TIMED_IDS = ("accuracy-C1-H8-K128", "accuracy-C2-H8-K128")

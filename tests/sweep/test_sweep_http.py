@@ -14,7 +14,7 @@ import httpx
 import pytest
 import sweep_fake_server as fake
 from click.testing import CliRunner
-from fake_arms import SWEEP
+from fake_arms import SWEEP, TWO_ARMS, run_sweep
 
 from kdabench.cli.main import cli
 from kdabench.receipts import verify_file
@@ -24,22 +24,6 @@ from kdabench.sweep.prompts import PromptFactory
 FAKE_SCRIPT = Path(fake.__file__).resolve()
 LAUNCH = f"{sys.executable} {FAKE_SCRIPT}"
 SECRET = "sk-test-never-written-0123456789"
-
-TWO_ARMS = SWEEP + """
-[[arms]]
-name = "cache-on"
-env = { FAKE_PREFIX_CACHE = "1", FAKE_SPEC = "1" }
-args = ["--tag", "cache-arm"]
-activation = ['prefix_cache=on', 'tag=cache-arm']
-activation_after = ['cached_tokens=[1-9]']
-
-[[arms]]
-name = "cache-off"
-env = { FAKE_PREFIX_CACHE = "0" }
-prefix_cache = false
-activation = ['prefix_cache=off']
-"""
-
 
 def one_arm(env: str = "", extra: str = "", prefix_cache: bool = True, **sweep: object) -> str:
     overrides = "".join(f"{key} = {value}\n" for key, value in sweep.items())
@@ -63,13 +47,7 @@ prefix_cache = {str(prefix_cache).lower()}
 
 
 def sweep(tmp_path: Path, arms_text: str, *args: str):
-    arms = tmp_path / "arms.toml"
-    arms.write_text(arms_text)
-    out = tmp_path / "out"
-    result = CliRunner(env={"OPENAI_API_KEY": SECRET}).invoke(
-        cli, ["serve-sweep", "--arms", str(arms), "--out", str(out), *args],
-        prog_name="kdabench")
-    receipts = sorted(out.glob("serve-sweep-*.json"))
+    result, receipts = run_sweep(tmp_path, arms_text, *args, env={"OPENAI_API_KEY": SECRET})
     assert len(receipts) == 1, result.output
     text = receipts[0].read_text()
     assert SECRET not in text

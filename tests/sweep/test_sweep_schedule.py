@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sweep_fake_server as fake
 from click.testing import CliRunner
-from fake_arms import SWEEP
+from fake_arms import TWO_ARMS, run_sweep
 
 from kdabench.cli.main import cli
 from kdabench.receipts import verify_file
@@ -22,30 +22,8 @@ from kdabench.sweep.state import ArmState
 
 LAUNCH = f"{sys.executable} {Path(fake.__file__).resolve()}"
 
-TWO_ARMS = SWEEP + """
-[[arms]]
-name = "cache-on"
-env = { FAKE_PREFIX_CACHE = "1" }
-args = ["--tag", "cache-arm"]
-activation = ['prefix_cache=on', 'tag=cache-arm']
-activation_after = ['cached_tokens=[1-9]']
-
-[[arms]]
-name = "cache-off"
-env = { FAKE_PREFIX_CACHE = "0" }
-prefix_cache = false
-activation = ['prefix_cache=off']
-"""
-
-
 def sweep(tmp_path: Path, *args: str):
-    arms = tmp_path / "arms.toml"
-    arms.write_text(TWO_ARMS)
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["serve-sweep", "--arms", str(arms), "--out", str(out),
-                                      *args], prog_name="kdabench")
-    receipts = sorted(out.glob("serve-sweep-*.json"))
-    return result, receipts
+    return run_sweep(tmp_path, TWO_ARMS, *args)
 
 
 def port_closed(url: str) -> bool:

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 import sweep_fake_server as fake
-from click.testing import CliRunner
-from fake_arms import SWEEP
+from fake_arms import SWEEP, run_sweep
 
-from kdabench.cli.main import cli
 from kdabench.sweep.client import Completion, ServerClient
 from kdabench.sweep.options import SweepError
 from kdabench.sweep.prompts import MAX_FIT_CALLS, WORDS, PromptFactory
@@ -97,12 +95,7 @@ class UsageServer:
 
 
 def sweep(tmp_path: Path, *args: str):
-    arms = tmp_path / "arms.toml"
-    arms.write_text(ARMS)
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["serve-sweep", "--arms", str(arms), "--out", str(out),
-                                      *args], prog_name="kdabench")
-    receipts = sorted(out.glob("serve-sweep-*.json"))
+    result, receipts = run_sweep(tmp_path, ARMS, *args)
     return result, (json.loads(receipts[0].read_text()) if receipts else None)
 
 
