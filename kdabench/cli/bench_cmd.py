@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kdabench.cli.errors import EXIT_CODES_HELP, Finding, print_error, user_errors
+from kdabench.cli.errors import Finding, print_error, user_errors
 from kdabench.cli.progress import run_cases_with_progress
 
 TABLE_WIDTH = 150
@@ -25,7 +25,7 @@ def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-@click.command("bench", epilog=EXIT_CODES_HELP)
+@click.command("bench")
 @click.option("--shapes", "shapes_path", type=click.Path(path_type=Path), default=None,
               help="A shapes TOML file of your own (default: the packaged "
               "kdabench/data/bench-shapes.toml).")

@@ -78,7 +78,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.ensure_object(dict)["debug"] = debug
 
 
-# Sub-commands: one module per command under kdabench/cli/; register each one here.
+# Sub-commands: one module per command under kdabench/cli/; register each one here. Each
+# gets the exit-code table as its --help epilog unless it declares its own (compare).
 cli.add_command(kernels_cmd.kernels)
 cli.add_command(verify_cmd.verify)
 cli.add_command(merge_cmd.merge)

@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError, print_error
+from kdabench.cli.errors import Finding, UserError, print_error
 from kdabench.receipts import (
     ReceiptError,
     atomic_write_bytes,
@@ -25,7 +25,7 @@ from kdabench.receipts import (
 )
 
 
-@click.command("merge", epilog=EXIT_CODES_HELP)
+@click.command("merge")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError, print_error, user_errors
+from kdabench.cli.errors import Finding, UserError, print_error, user_errors
 from kdabench.cli.progress import run_cases_with_progress
 from kdabench.matrix import TIERS, MatrixError, load_matrix, parse_shard, select_cases
 from kdabench.receipts import ReceiptError
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 FAILURES_SHOWN = 20
 
 
-@click.command("qualify", epilog=EXIT_CODES_HELP)
+@click.command("qualify")
 @click.option("--tier", type=click.Choice(TIERS), default=None,
               help="gpu: the qualification (needs a CUDA GPU). cpu: small shapes, Triton "
               "kernels under the interpreter, every load and store bounds-checked. Default: "

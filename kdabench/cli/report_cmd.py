@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
-from kdabench.cli.errors import EXIT_CODES_HELP, UserError, print_error
+from kdabench.cli.errors import UserError, print_error
 from kdabench.report import ReportError, build_report
 
 
-@click.command("report", epilog=EXIT_CODES_HELP)
+@click.command("report")
 @click.argument("receipts", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--out",

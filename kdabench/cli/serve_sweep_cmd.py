@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError, print_error
+from kdabench.cli.errors import Finding, UserError, print_error
 from kdabench.receipts import ReceiptError
 from kdabench.sweep.arms import PACKAGED, ArmsError, load_arms
 from kdabench.sweep.cases import UNVERIFIED, case_ok, unverified, unverified_arms
@@ -44,7 +44,7 @@ def _sizes(text: str | None) -> tuple[int, ...] | None:
     return sizes
 
 
-@click.command("serve-sweep", epilog=EXIT_CODES_HELP)
+@click.command("serve-sweep")
 @click.option("--arms", "arms_spec", default="local", show_default=True, metavar="FILE|NAME",
               help=f"Arms file (TOML) or a packaged one: {', '.join(sorted(PACKAGED))}.")
 @click.option("--endpoint", metavar="URL", default=None,

@@ -13,13 +13,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kdabench.cli.errors import EXIT_CODES_HELP, Finding, print_error, user_errors
+from kdabench.cli.errors import Finding, print_error, user_errors
 from kdabench.cli.progress import run_cases_with_progress
 
 TABLE_WIDTH = 150
 
 
-@click.command("tune", epilog=EXIT_CODES_HELP)
+@click.command("tune")
 @click.option("--queries", "queries_path", type=click.Path(path_type=Path), default=None,
               help="A queries TOML file of your own (default: the packaged "
               "kdabench/data/tune.toml: the bench shapes at capacity 4 and 1).")

@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from kdabench.cli.errors import EXIT_CODES_HELP, Finding, UserError
+from kdabench.cli.errors import Finding, UserError
 from kdabench.receipts import ReceiptError, Verification, verify_file
 from kdabench.receipts.files import receipt_files
 from kdabench.sources import source_hashes
@@ -70,7 +70,7 @@ def _render(console: Console, check: Verification) -> None:
                 console.print(f"           [yellow]{label:8}[/yellow] {escape(name)}")
 
 
-@click.command("verify", epilog=EXIT_CODES_HELP)
+@click.command("verify")
 @click.argument("receipts", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--require-sources-match",

@@ -108,9 +108,6 @@ class Completion:
     cached_tokens: int | None = None  # None: the server did not report it
     finish_reason: str | None = None
 
-    def token_texts(self) -> list[str]:
-        return list(self.tokens)
-
 
 @dataclass
 class DecodeWindow:
