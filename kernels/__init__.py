@@ -13,7 +13,7 @@ from .api import (
 )
 from .catalog import CATALOG, KdaPolicyError, KdaQuery
 from .config import Caps, KernelConfig
-from .errors import KdaMetadataError, MetadataFault, decode_error_code
+from .contract import KdaMetadataError, MetadataFault, decode_error_code
 from .policy import POLICY_MODES, PolicyMode, Resolution, resolve_config, resolve_mode
 from .profiles import Profile, find_profile, load_profile, profile_dir
 from .support import support_report

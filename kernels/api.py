@@ -25,8 +25,8 @@ from .config import (
     CuteConfig,
     KernelConfig,
 )
+from .contract import KdaMetadataError, decode_error_code
 from .cute import launch as cute_launch
-from .errors import KdaMetadataError, decode_error_code
 from .policy import PolicyMode, resolve_config, resolve_mode
 from .triton import launch
 

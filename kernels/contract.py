@@ -1,4 +1,7 @@
-"""Error bits of the device-side metadata validation, and their host-side decoding."""
+"""The kernel contract, importable without Triton, CuTe or a GPU.
+
+Error bits of the device-side metadata validation and their host-side decoding.
+"""
 
 from __future__ import annotations
 
