@@ -1,8 +1,11 @@
-"""Qualification in worker processes: --workers N on the CPU tier (what runs here), the GPU
-choice and worker environment of --gpus, a dying worker, and --gpus on two GPUs (gpu)."""
+"""Qualification in worker processes: --workers N on the CPU tier (what runs here), the worker
+command (no CLI), which worker runs which case, the GPU choice and worker environment of
+--gpus, a dying worker, and --gpus on two GPUs (gpu)."""
 
 from __future__ import annotations
 
+import random
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -12,15 +15,17 @@ import torch
 from click.testing import CliRunner
 
 from kdabench.cli.main import cli
-from kdabench.matrix import parse_matrix
+from kdabench.matrix import load_matrix, parse_matrix
 from kdabench.qualify import (
     MULTICAST_OFF,
     ParallelQualification,
     Qualification,
     QualifyError,
     WorkerFailed,
+    default_workers,
     parse_gpus,
 )
+from kdabench.qualify.assign import COMPILE_S, compile_key, estimated_s, plan_workers
 from kdabench.qualify.parallel import worker_environment
 from kdabench.receipts import load_receipt, verify_file, verify_receipt
 
@@ -91,21 +96,31 @@ def test_two_cpu_workers_merge_to_the_one_process_run(tmp_path, tiny):
 
     config = merged["config"]
     assert "shard" not in config and config["tier"] == "cpu"
-    assert [entry["shard"] for entry in config["merged_from"]] == ["1/2", "2/2"]
+    # cases 0, 2, 3 share their kernels (capacity 1); 1 (capacity 2) and 4 (contract) do not
+    assert [entry["shard"] for entry in config["merged_from"]] == [
+        {"index": 1, "count": 2, "cases": [0, 2, 3]}, {"index": 2, "count": 2, "cases": [1, 4]}]
     assert all(entry["device"]["kind"] == "cpu" for entry in config["merged_from"])
     assert [w["shard"] for w in config["workers"]] == ["1/2", "2/2"]
     assert [w["cases"] for w in config["workers"]] == [3, 2]
     assert all(w["returncode"] == 0 and w["cuda_visible_devices"] is None
                for w in config["workers"])
-    assert config["parallel"] == {"mode": "workers", "count": 2, "multicast_off": MULTICAST_OFF}
+    assert config["parallel"] == {"mode": "workers", "count": 2, "gpus": 0,
+                                  "assignment": "compile groups, longest first",
+                                  "multicast_off": MULTICAST_OFF}
+    for case in merged["cases"]:
+        assert case["compile_s"] == 0 and case["run_s"] == case["wall_s"] >= 0
+    time = config["time"]
+    assert time["workers"] == 2 and time["compile_s"] == 0
+    assert time["cases_wall_s"] == round(sum(c["wall_s"] for c in merged["cases"]), 3)
+    assert time["wall_s"] >= max(w["wall_s"] for w in config["workers"])
     assert not list((tmp_path / "w").glob(".*"))  # no temporary file left beside it
 
 
 def test_a_dying_worker_fails_the_run_with_its_log_tail(tmp_path, tiny, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the kept work folder goes here
-    def dies(self, shard, folder):
+    def dies(self, worker):
         return [sys.executable, "-c",
-                f"import sys; print('worker {shard[0]} says boom'); sys.exit(3)"]
+                f"import sys; print('worker {worker.shard[0]} says boom'); sys.exit(3)"]
 
     monkeypatch.setattr(ParallelQualification, "worker_command", dies)
     result = invoke("qualify", "--workers", "2", "--matrix", tiny, "--out", tmp_path)
@@ -117,8 +132,8 @@ def test_a_dying_worker_fails_the_run_with_its_log_tail(tmp_path, tiny, monkeypa
 
 def test_worker_failed_keeps_the_folder_and_names_the_worker(tmp_path, tiny, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    def second_dies(self, shard, folder):
-        code = 0 if shard[0] == 1 else 5
+    def second_dies(self, worker):
+        code = 0 if worker.shard[0] == 1 else 5
         return [sys.executable, "-c", f"import sys; print('last words'); sys.exit({code})"]
 
     monkeypatch.setattr(ParallelQualification, "worker_command", second_dies)
@@ -133,15 +148,114 @@ def test_worker_failed_keeps_the_folder_and_names_the_worker(tmp_path, tiny, mon
     assert (caught.value.folder / "shard2of2" / "worker.log").exists()
 
 
-def test_workers_are_capped_at_the_case_count_and_run_their_shard(tmp_path, tiny):
+def test_workers_are_capped_at_the_case_count_and_run_their_cases(tmp_path, tiny):
     run = ParallelQualification(parse_matrix(TINY), tier="cpu", workers=8,
                                 contains="accuracy", matrix_path=tiny, out_dir=tmp_path)
     assert run.count == 2 and len(run.cases) == 2
-    command = run.worker_command((2, 2), tmp_path / "s")
-    assert command[:4] == [sys.executable, "-m", "kdabench.cli.main", "qualify"]
+    second = run._workers(tmp_path)[1]
+    command = run.worker_command(second)
+    assert command[:3] == [sys.executable, "-m", "kdabench.qualify.worker"]
     joined = " ".join(command)
-    assert "--tier cpu" in joined and "--shard 2/2" in joined and "--filter accuracy" in joined
-    assert f"--matrix {tiny.resolve()}" in joined and f"--out {tmp_path / 's'}" in joined
+    assert "kdabench.cli" not in joined and "qualify --" not in joined
+    assert "--tier cpu" in joined and "--part 2/2" in joined and "--filter accuracy" in joined
+    assert "--cases 1 " in joined and f"--out {second.folder}" in joined
+    assert f"--matrix {tiny.resolve()}" in joined
+
+
+def test_the_worker_and_the_parallel_run_do_not_import_the_cli():
+    code = ("import sys, kdabench.qualify.parallel, kdabench.qualify.worker; "
+            "print(sorted(m for m in sys.modules if m.startswith('kdabench.cli')))")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True)
+    assert found.stdout.strip() == "[]", found.stdout
+
+
+def test_a_worker_with_a_bad_case_list_exits_2_with_one_line(tmp_path, tiny):
+    found = subprocess.run(
+        [sys.executable, "-m", "kdabench.qualify.worker", "--tier", "cpu", "--backend",
+         "triton", "--part", "1/1", "--cases", "0,99", "--matrix", str(tiny), "--out",
+         str(tmp_path)], capture_output=True, text=True, env=worker_environment(None, 1),
+        check=False)
+    assert found.returncode == 2, found.stderr
+    assert found.stderr.strip() == f"error: no cpu-tier case of {tiny} with index 99"
+    assert not list(tmp_path.glob("qualify-*.json"))
+
+
+# --------------------------------------------------------------------------- assignment
+
+
+def test_every_case_runs_exactly_once_in_matrix_order():
+    cases = load_matrix().expand("gpu")
+    for workers in (1, 2, 3, 8, 16, 200):
+        plan = plan_workers(cases, workers)
+        assert 1 <= len(plan) <= min(workers, len(cases)) and all(plan)
+        assert sorted(c.index for part in plan for c in part) == [c.index for c in cases]
+        assert all([c.index for c in part] == sorted(c.index for c in part) for part in plan)
+
+
+def test_the_plan_is_deterministic_whatever_the_input_order():
+    cases = load_matrix().expand("gpu")
+    shuffled = list(cases)
+    random.Random(7).shuffle(shuffled)
+    ids = [[c.id for c in part] for part in plan_workers(cases, 8)]
+    assert ids == [[c.id for c in part] for part in plan_workers(shuffled, 8)]
+
+
+def test_cases_of_one_compile_key_stay_in_one_worker():
+    cases = load_matrix().expand("gpu")
+    plan = plan_workers(cases, 8)
+    owners: dict[tuple, set[int]] = {}
+    for number, part in enumerate(plan):
+        for case in part:
+            owners.setdefault(compile_key(case), set()).add(number)
+    # no group of the default matrix is more than an eighth of its estimated time
+    assert all(len(workers) == 1 for workers in owners.values())
+    assert len(owners) > 8  # more groups than workers: the test is not trivially true
+
+
+LONG = """
+schema = "kdabench.matrix.v1"
+name = "long"
+[layouts.LONG]
+lengths = [65536]
+[layouts.SHORT]
+lengths = [16]
+
+[[group]]
+scenario = "accuracy"
+tiers = ["gpu"]
+heads = [4, 8, 16, 32]
+layout = "LONG"
+
+[[group]]
+scenario = "accuracy"
+tiers = ["gpu"]
+heads = [4, 8, 16, 32]
+capacity = [1, 2, 4]
+offsets = ["aligned", "unaligned", "first", "last"]
+layout = "SHORT"
+"""
+
+
+def test_long_cases_are_spread_and_a_group_too_big_for_one_worker_is_cut():
+    cases = parse_matrix(LONG).expand("gpu")
+    plan = plan_workers(cases, 4)
+    longest = [next(i for i, part in enumerate(plan) if case in part)
+               for case in cases if sum(case.lengths) == 65536]
+    assert sorted(longest) == [0, 1, 2, 3]  # one 65536-token case per worker
+    loads = [sum(estimated_s(c) for c in part) + COMPILE_S * len({compile_key(c) for c in part})
+             for part in plan]
+    assert max(loads) - min(loads) < max(estimated_s(c) for c in cases)
+    same = [c for c in cases if c.params["heads"] == 4 and c.params["capacity"] == 1]
+    single = plan_workers(same, 3)  # one key, three workers: cut in three
+    assert len(single) == 3 and sorted(c.index for p in single for c in p) == sorted(
+        c.index for c in same)
+
+
+def test_default_workers():
+    assert default_workers(1, 16) == 8 and default_workers(1, 2) == 1
+    assert default_workers(1, 6) == 3 and default_workers(8, 128) == 8
+    assert default_workers(4, 2) == 4  # at least one per GPU
 
 
 # --------------------------------------------------------------------------- GPUs, environment
@@ -175,15 +289,21 @@ def test_worker_environment(monkeypatch):
 
 @pytest.mark.parametrize(("args", "fragment"), [
     (["--workers", "2", "--shard", "1/2"], "leave out --shard"),
-    (["--workers", "2", "--gpus", "all"], "--gpus and --workers do not combine"),
-    (["--workers", "2", "--tier", "gpu"], "--workers runs the CPU tier only"),
+    (["--gpus", "all", "--list"], "leave out --list"),
     (["--gpus", "all", "--tier", "cpu"], "--gpus runs the GPU tier"),
-    (["--workers", "0"], "--workers must be at least 1"),
+    (["--workers", "0", "--tier", "cpu"], "--workers must be at least 1"),
 ])
 def test_bad_worker_options_exit_2(tiny, args, fragment):
     result = invoke("qualify", "--matrix", tiny, *args)
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_gpu_tier_workers_without_a_gpu_exit_2(tmp_path):
+    result = invoke("qualify", "--tier", "gpu", "--workers", "2", "--out", tmp_path)
+    assert result.exit_code == 2, result.output
+    assert "--tier gpu needs a CUDA GPU" in result.stderr and "Traceback" not in result.output
 
 
 def test_more_gpus_than_the_machine_has_exit_2(tmp_path):
@@ -234,3 +354,47 @@ def test_two_gpus_merge_to_the_one_gpu_run(tmp_path):
     assert ids_and_verdicts(merged) == ids_and_verdicts(load_receipt(whole.receipt_path))
     uuids = {entry["device"]["uuid"] for entry in merged["config"]["merged_from"]}
     assert len(uuids) == torch.cuda.device_count()
+
+
+# --------------------------------------------------------------------------- qualified status
+
+
+def test_parts_of_workers_on_one_gpu_merge_into_a_receipt_that_qualifies(tmp_path):
+    from kdabench.qualification import qualification_status
+    from kdabench.qualify import merge_qualify_receipts
+    from kdabench.receipts import ReceiptError, new_receipt, render_receipt, seal
+    from kdabench.sources import source_hashes
+
+    h200 = {"kind": "cuda", "device": "cuda:0", "name": "NVIDIA H200", "uuid": "GPU-0",
+            "compute_capability": "9.0", "cpu_count": 16}
+    config = {"tier": "gpu", "backend": "triton", "matrix_name": "default",
+              "matrix_origin": "default", "matrix_sha256": "0" * 64, "filter": None}
+    sources = source_hashes()
+    parts = [[0, 3], [1, 2, 4]]
+    docs = []
+    for number, indices in enumerate(parts, start=1):
+        shard = {"index": number, "count": 2, "cases": indices}
+        builder = new_receipt("qualify", config={**config, "shard": shard}, device=h200,
+                              sources=sources, command_line=["worker"],
+                              created_at="2026-12-04T17:42:53Z")
+        for index in indices:
+            builder.add_case({"id": f"case-{index}", "index": index, "verdict": "pass",
+                              "wall_s": 2.0, "compile_s": 1.5, "run_s": 0.5})
+        builder.config["time"] = {"compile_s": 1.5 * len(indices), "backend_load_s": None}
+        docs.append(builder.document())
+    merged = merge_qualify_receipts(docs, labels=["gpu 0 · shard 1/2", "gpu 0 · shard 2/2"],
+                                    wall_s=9.0)
+    merged = seal({**merged, "config": {**merged["config"], "workers": [], "parallel": {}}})
+    assert merged["status"] == "complete" and "shard" not in merged["config"]
+    assert [c["index"] for c in merged["cases"]] == [0, 1, 2, 3, 4]
+    time = merged["config"]["time"]
+    assert (time["compile_s"], time["run_s"], time["cases_wall_s"]) == (7.5, 2.5, 10.0)
+    assert time["wall_s"] == 9.0 and time["workers"] == 2
+    (tmp_path / "merged.json").write_bytes(render_receipt(merged))
+    status = qualification_status("NVIDIA H200", "triton", tmp_path, current_sources=sources)
+    assert status.qualified, status.reason
+    assert verify_receipt(merged).ok
+
+    docs[1] = {**docs[1], "config": {**docs[1]["config"], "shard": {"index": 1, "count": 2}}}
+    with pytest.raises(ReceiptError, match="the same shard appears twice"):
+        merge_qualify_receipts([docs[0], seal(docs[1])])

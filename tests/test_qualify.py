@@ -23,7 +23,8 @@ from kdabench.qualify import (
     choose_offsets,
     summarize_by_scenario,
 )
-from kdabench.receipts import load_receipt, merge_receipts, verify_file
+from kdabench.qualify.compile_clock import MEASURES, CompileClock, Reading
+from kdabench.receipts import load_receipt, verify_file
 
 TINY = """
 schema = "kdabench.matrix.v1"
@@ -171,6 +172,14 @@ def test_cpu_tier_run_writes_a_receipt_that_verifies(tmp_path, tiny_matrix):
                                "oracle_error_code": 2, "pool_unchanged": True,
                                "output_all_nan": True}
     assert [case["index"] for case in doc["cases"]] == list(range(8))
+    for case in doc["cases"]:  # the interpreter compiles nothing: the wall time is run time
+        assert case["compile_s"] == 0 and case["kernels_compiled"] == 0
+        assert case["run_s"] == case["wall_s"] >= 0
+    time = doc["config"]["time"]
+    assert time["workers"] == 1 and time["compile_s"] == 0 and time["measures"] == MEASURES
+    assert time["run_s"] == time["cases_wall_s"] == round(sum(c["wall_s"] for c in doc["cases"]),
+                                                          3)
+    assert time["wall_s"] >= time["cases_wall_s"] and time["backend_load_s"] is None
 
 
 @pytest.mark.interpreter
@@ -181,8 +190,13 @@ def test_shards_merged_equal_one_unsharded_run(tmp_path, tiny_matrix):
     assert shards[1].receipt_path.name.endswith("-shard2of2.json")
     docs = [load_receipt(shard.receipt_path) for shard in shards]
     assert {doc["config"]["shard"] for doc in docs} == {"1/2", "2/2"}
-    merged = merge_receipts(docs)
+    merged = qualify.merge_qualify_receipts(docs)
     assert merged["status"] == "complete"
+    time = merged["config"]["time"]
+    assert time["workers"] == 2 and time["wall_s"] is None  # shards run apart: no one wall
+    assert time["cases_wall_s"] == round(sum(c["wall_s"] for c in merged["cases"]), 3)
+    assert [entry["config"]["time"]["cases_wall_s"] for entry in merged["config"]["merged_from"]
+            ] == [doc["config"]["time"]["cases_wall_s"] for doc in docs]
     whole_doc = load_receipt(whole.receipt_path)
 
     def ids_and_verdicts(doc):
@@ -436,3 +450,53 @@ def test_cpu_tier_bounds_checks_the_interpreted_kernels():
                           check=False, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+class FakeTimes:
+    """What triton's compilation listener is given: durations in microseconds."""
+
+    def __init__(self, total_us: int) -> None:
+        self.total = total_us
+
+
+def test_the_compile_clock_sums_the_triton_listener_and_chains_the_previous_one(monkeypatch):
+    from triton import knobs
+
+    heard = []
+    monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: heard.append(kw["cache_hit"]))
+    clock = CompileClock()
+    assert clock.install() and clock.install()  # a second install changes nothing
+    listener = knobs.compilation.listener
+    for total_us, hit in ((1_500_000, False), (250_000, True), (2_000_000, False)):
+        listener(src=None, metadata={}, metadata_group={}, times=FakeTimes(total_us),
+                 cache_hit=hit)
+    assert clock.reading() == Reading(3.75, 2, 1)
+    assert clock.reading() - Reading(1.5, 1, 0) == Reading(2.25, 1, 1)
+    assert heard == [False, True, False]
+
+
+def test_the_compile_clock_times_just_in_time_cute_compiles(monkeypatch):
+    import time
+
+    from kdabench.kernels.cute import runtime
+
+    class Library:
+        def __init__(self) -> None:
+            self.compiled: dict[str, object] = {}
+
+        def function(self, variant):
+            if variant not in self.compiled:
+                time.sleep(0.05)
+                self.compiled[variant] = object()
+            return self.compiled[variant]
+
+    library = Library()
+    monkeypatch.setattr(runtime, "library_for", lambda device: (library, []))
+    clock = CompileClock()
+    assert clock.load_backend("triton", "cpu") is None
+    assert clock.load_backend("cute", "cpu") >= 0
+    clock.load_backend("cute", "cpu")  # the same library is timed once
+    for variant in ("validate", "validate", "state_pass"):
+        library.function(variant)
+    reading = clock.reading()
+    assert reading.compiled == 2 and 0.1 <= reading.seconds < 1.0

@@ -56,7 +56,7 @@ def merge(out: Path, shards: tuple[Path, ...], force: bool, as_json: bool, plot:
             raise UserError(str(error)) from error
     bench = docs[0].get("kind") == "bench"
     try:
-        merged = _merger(bench)(
+        merged = _merger(docs[0].get("kind"))(
             docs, labels=[str(path) for path in shards], command_line=list(sys.argv)
         )
     except ReceiptError as error:
@@ -108,13 +108,18 @@ def merge(out: Path, shards: tuple[Path, ...], force: bool, as_json: bool, plot:
         )
 
 
-def _merger(bench: bool) -> Callable[..., dict[str, Any]]:
-    """The function that merges the shards: bench's (recomputes its summary) or the plain one."""
-    if not bench:
-        return merge_receipts
-    from kdabench.bench import merge_bench_receipts
+def _merger(kind: Any) -> Callable[..., dict[str, Any]]:
+    """The function that merges the shards: bench's (recomputes its summary), qualify's
+    (recomputes its time totals) or the plain one."""
+    if kind == "bench":
+        from kdabench.bench import merge_bench_receipts
 
-    return merge_bench_receipts
+        return merge_bench_receipts
+    if kind == "qualify":
+        from kdabench.qualify.merge import merge_qualify_receipts
+
+        return merge_qualify_receipts
+    return merge_receipts
 
 
 def _plots(merged: dict[str, Any], out: Path) -> tuple[list[Path], str | None]:

@@ -49,10 +49,13 @@ FAILURES_SHOWN = 20
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result summary (or, with --list, the cases) as JSON on stdout.")
 @click.option("--gpus", metavar="all|0,1,...", default=None,
-              help="GPU tier on several GPUs: one worker process per GPU, each running its "
-              "shard of the matrix; the shard receipts are merged into one.")
+              help="GPU tier on these GPUs (default: the first one); the worker processes "
+              "are dealt to them in turn.")
 @click.option("--workers", type=int, metavar="N", default=None,
-              help="CPU tier in N worker processes (Triton interpreter), merged as --gpus.")
+              help="Run the cases in N worker processes and merge their receipts into one. "
+              "GPU tier: default min(8, CPU cores / 2) and at least one per GPU, several "
+              "sharing a GPU (Triton compiles run side by side); 1 runs in this process. "
+              "CPU tier: default 1 (this process); N > 1 runs N interpreter processes.")
 @click.option("--tp", "tensor_parallel", type=int, metavar="N", default=None,
               help="Run only the tensor-parallel case: one layer's heads split over N ranks "
               "(GPU tier: NCCL, one GPU each; CPU tier: gloo), checked bit for bit against "
@@ -68,27 +71,41 @@ def qualify(tier: str | None, backend: str | None, matrix_path: Path | None, sha
     replay and slots past the 2^31-element line (GPU). The receipt is written as cases
     finish, so an interrupted run leaves a partial one; `kdabench verify` checks it.
 
-    --gpus / --workers run the shards in worker processes (a GPU each, NVLink multicast
-    off) and merge them; a worker that dies fails the run with its log tail. --tp N runs
-    the tensor-parallel case alone.
+    The GPU tier runs in worker processes by default (--workers), several sharing a GPU,
+    with cases that compile the same kernels in one worker and long cases spread; their
+    receipts are merged into one, and a worker that dies fails the run with its log tail.
+    Each case records wall_s split into compile_s (kernel compiles) and run_s; the config's
+    "time" holds the totals and the wall time of the whole run. --tp N runs the
+    tensor-parallel case alone.
 
     Exit 0 when every case passes; 1 when a case fails or errors, or a worker dies; 2 for
     bad input (a matrix file that does not load, a bad --shard, --tier gpu without a GPU,
     --gpus naming more GPUs than the machine has).
     """
-    if tensor_parallel is not None or gpus is not None or workers is not None:
-        result = _run_multi(tier, backend, matrix_path, shard, out_dir, contains, list_only,
-                            gpus, workers, tensor_parallel)
-        _finish(result, as_json)
+    if tensor_parallel is not None:
+        given = [name for name, value in (("--gpus", gpus), ("--workers", workers))
+                 if value is not None]
+        if given:
+            raise UserError(f"{given[0]} and --tp do not combine; give one of them")
+        if shard is not None or list_only:
+            raise UserError(f"--tp runs one case; leave out "
+                            f"{'--shard' if shard is not None else '--list'}")
+        _finish(_run_tensor_parallel(tensor_parallel, tier, backend, matrix_path, contains,
+                                     out_dir), as_json)
         return
     from kdabench.qualify import Qualification, QualifyError, default_tier
 
+    tier = tier or ("gpu" if gpus is not None else default_tier())
+    if _in_workers(tier, gpus, workers, shard, list_only):
+        _finish(_run_parallel(tier, backend, matrix_path, out_dir, contains, gpus, workers),
+                as_json)
+        return
     with user_errors(MatrixError, QualifyError):
         matrix = load_matrix(matrix_path)
         shard_spec = parse_shard(shard) if shard is not None else None
         if list_only:
-            _list(select_cases(matrix.expand(tier or default_tier()), shard=shard_spec,
-                               contains=contains), as_json)
+            _list(select_cases(matrix.expand(tier), shard=shard_spec, contains=contains),
+                  as_json)
             return
         try:
             run = Qualification(matrix, tier=tier, backend=backend, shard=shard_spec,
@@ -110,30 +127,34 @@ def _finish(result: QualifyResult, as_json: bool) -> None:
                       f"receipt: {result.receipt_path}")
 
 
-def _run_multi(tier: str | None, backend: str | None, matrix_path: Path | None,
-               shard: str | None, out_dir: Path | None, contains: str | None, list_only: bool,
-               gpus: str | None, workers: int | None, tensor_parallel: int | None
-               ) -> QualifyResult:
-    """--gpus, --workers and --tp: checks of the options, then the run."""
-    given = [name for name, value in (("--gpus", gpus), ("--workers", workers),
-                                      ("--tp", tensor_parallel)) if value is not None]
-    if len(given) > 1:
-        raise UserError(f"{' and '.join(given)} do not combine; give one of them")
-    if shard is not None or list_only:
+def _in_workers(tier: str, gpus: str | None, workers: int | None, shard: str | None,
+                list_only: bool) -> bool:
+    """Whether the run goes to worker processes: the GPU tier unless --workers 1, the CPU
+    tier with --workers N > 1; never a lone --shard or --list (UserError if asked for)."""
+    given = [name for name, value in (("--gpus", gpus), ("--workers", workers))
+             if value is not None]
+    if given and (shard is not None or list_only):
         raise UserError(f"{given[0]} runs the shards itself; leave out "
                         f"{'--shard' if shard is not None else '--list'}")
-    if tensor_parallel is not None:
-        return _run_tensor_parallel(tensor_parallel, tier, backend, matrix_path, contains,
-                                    out_dir)
+    if shard is not None or list_only:
+        return False
+    if gpus is not None:
+        return True
+    if workers is not None:
+        return workers != 1
+    return tier == "gpu"
+
+
+def _run_parallel(tier: str, backend: str | None, matrix_path: Path | None,
+                  out_dir: Path | None, contains: str | None, gpus: str | None,
+                  workers: int | None) -> QualifyResult:
     from kdabench.qualify import QualifyError
     from kdabench.qualify.parallel import ParallelQualification
 
     with user_errors(MatrixError, QualifyError):
-        matrix = load_matrix(matrix_path)
         run = ParallelQualification(
-            matrix, tier=tier or ("gpu" if gpus is not None else "cpu"), backend=backend,
-            contains=contains, out_dir=out_dir, matrix_path=matrix_path, gpus=gpus,
-            workers=workers)
+            load_matrix(matrix_path), tier=tier, backend=backend, contains=contains,
+            out_dir=out_dir, matrix_path=matrix_path, gpus=gpus, workers=workers)
     return _run_workers_with_progress(run)
 
 
@@ -169,9 +190,10 @@ def _run_workers_with_progress(run) -> QualifyResult:
     from kdabench.qualify.parallel import WorkerFailed
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
-    unit = "GPUs" if run.tier == "gpu" else "worker processes"
+    where = f" on {len(run.gpus)} GPU(s)" if run.gpus else ""
     console.print(f"qualify · {run.tier} tier · {run.backend} · {len(run.cases)} cases · "
-                  f"{run.count} {unit} · receipt in {escape(str(run.out_dir))}")
+                  f"{run.count} worker processes{where} · receipt in "
+                  f"{escape(str(run.out_dir))}")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[status]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
@@ -268,5 +290,10 @@ def _render(console: Console, result: QualifyResult) -> None:
     console.print(f"receipt {escape(str(result.receipt_path))} · sha256 "
                   f"{result.receipt['sha256'][:16]}… · {summary['total']} cases: "
                   f"{summary['pass']} pass, {summary['fail']} fail, {summary['error']} error")
+    timing = result.receipt["config"].get("time")
+    if timing:
+        wall = "-" if timing["wall_s"] is None else f"{timing['wall_s']:.1f} s"
+        console.print(f"time: wall {wall} · {timing['workers']} worker(s) · summed over "
+                      f"cases: compile {timing['compile_s']:.1f} s, run {timing['run_s']:.1f} s")
     if result.ok:
         console.print(f"[green]all {summary['total']} cases pass[/green]")

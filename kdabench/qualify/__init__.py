@@ -26,12 +26,17 @@ The CPU tier runs the Triton kernels under the interpreter: `prepare_tier("cpu")
 TRITON_INTERPRET=1, which works only before `kdabench.kernels` is first imported, so this
 package imports the kernels lazily.
 
+Each record also splits its wall time (`wall_s`) into `compile_s` (kernel compiles, as
+`compile_clock` measures them) and `run_s`; the config's `time` holds the totals.
+
 The modules: `metadata` (one call's metadata and how valid metadata is drawn), `faults`
 (mutations that break exactly one metadata rule), `harness` (what the runners share: the
-context, the outcome, one kernel call, the checks), `scenarios` (one runner per scenario, and
-RUNNERS, the table of them), `profile_configs` (the runner that forces each config of the
-device's profile in turn), `run` (tiers, the run loop, the receipt, summaries) and `parallel`
-(shards in worker processes, one per GPU or N on the CPU, merged into one receipt).
+context, the outcome, one kernel call, the checks), `scenarios` (a package: one runner per
+scenario, a module per family, and RUNNERS, the table of them), `profile_configs` (the runner
+that forces each config of the device's profile in turn), `compile_clock` (compile seconds),
+`run` (tiers, the run loop, the receipt, summaries), `assign` (which worker runs which case),
+`worker` (one worker process's entry), `merge` (joining the workers' or shards' receipts) and
+`parallel` (worker processes, several per GPU or N on the CPU, merged into one receipt).
 """
 
 from kdabench.qualify.faults import (
@@ -45,11 +50,13 @@ from kdabench.qualify.faults import (
     RANDOM_MUTATIONS,
 )
 from kdabench.qualify.harness import SENTINEL, Context, Outcome, check_rejected, check_valid
+from kdabench.qualify.merge import merge_qualify_receipts
 from kdabench.qualify.metadata import CHUNK, CannotBuild, Metadata, build_metadata, choose_offsets
 from kdabench.qualify.parallel import (
     MULTICAST_OFF,
     ParallelQualification,
     WorkerFailed,
+    default_workers,
     parse_gpus,
     visible_gpus,
 )
@@ -86,7 +93,8 @@ __all__ = [
     "CannotBuild", "Context", "Metadata", "Outcome", "ParallelQualification", "Qualification",
     "QualifyError", "QualifyResult", "WorkerFailed",
     "build_metadata", "check_rejected", "check_valid", "choose_offsets", "config_label",
-    "default_tier", "fmt_error", "parse_gpus", "prepare_tier", "run_accuracy",
+    "default_tier", "default_workers", "fmt_error", "merge_qualify_receipts", "parse_gpus",
+    "prepare_tier", "run_accuracy",
     "run_case", "run_contract", "run_fault", "run_fuzz", "run_graph", "run_inactive",
     "run_int32_boundary", "run_invalid_fourth", "run_mirror", "run_poisoned", "run_prefix",
     "run_profile_configs", "summarize_by_scenario", "visible_gpus",

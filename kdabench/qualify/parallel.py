@@ -1,23 +1,30 @@
-"""Qualification across worker processes: one per GPU, or N interpreter processes on the CPU.
+"""Qualification across worker processes: several per GPU (the GPU tier's default), or N
+interpreter processes on the CPU.
 
     from kdabench.qualify.parallel import ParallelQualification
 
-    run = ParallelQualification(matrix, tier="gpu", gpus="all")  # into .kdabench/
+    run = ParallelQualification(matrix, tier="gpu")  # default_workers() on the first GPU
     result = run.run(on_poll=print)     # a QualifyResult over the merged receipt
     result.ok, result.receipt_path
 
-Each worker is a fresh `python -m kdabench.cli.main qualify --shard I/N --out <folder>`
-process running shard I of N of the selected cases; a GPU worker sees only its GPU
-(CUDA_VISIBLE_DEVICES), every worker runs with NVLink multicast off
-(:data:`MULTICAST_OFF`). A CPU worker (`workers=N`, CPU tier) sees no GPU and runs the
-kernels under the Triton interpreter, which is how this path is tested without GPUs.
+The cases are split with :func:`kdabench.qualify.assign.plan_workers` (cases that compile the
+same kernels together, long cases spread) and each part runs in a fresh `python -m
+kdabench.qualify.worker` process (never through the CLI), which writes its receipt. Several
+workers share a GPU: a Triton compile is single-threaded CPU work and Triton's on-disk cache is
+shared between the processes, so compiles run side by side while the GPU runs the others'
+cases. Workers are dealt to the GPUs in turn; a GPU worker sees only its GPU
+(CUDA_VISIBLE_DEVICES) and every worker runs with NVLink multicast off (:data:`MULTICAST_OFF`).
+A CPU worker sees no GPU and runs the kernels under the Triton interpreter, which is how this
+path is tested without GPUs. The CUDA-event samples of workers sharing a GPU are taken while
+the other workers use it.
 
-The workers' receipts are joined with :func:`kdabench.receipts.merge_receipts` (whose
-``config["merged_from"]`` lists each shard's receipt hash and device) and the merged
-config gains ``config["workers"]``: per shard its label, the CUDA_VISIBLE_DEVICES it ran
-with, the device name and uuid, exit status and wall time. The merged receipt is written
-to the receipt folder (``out_dir``, else $KDABENCH_OUT, else ./.kdabench) as
-``qualify-<device>-<time>.json``; the shard receipts and worker logs live in a temporary
+The workers' receipts are joined with :func:`kdabench.qualify.merge.merge_qualify_receipts`
+(``config["merged_from"]`` lists each part's receipt hash, cases and device; ``config["time"]``
+the compile, run and case wall totals and the wall time of the whole run) and the merged config
+gains ``config["workers"]``: per worker its label, part, the CUDA_VISIBLE_DEVICES it ran with,
+the device name and uuid, exit status and wall time. The merged receipt is written to the
+receipt folder (``out_dir``, else $KDABENCH_OUT, else ./.kdabench) as
+``qualify-<device>-<time>.json``; the parts' receipts and worker logs live in a temporary
 folder, removed when the run succeeds and kept (its path in the error) when a worker fails.
 
 A worker that exits with a finding (status 1: a failed case) still leaves a complete
@@ -39,12 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
+from kdabench.qualify.assign import plan_workers
+from kdabench.qualify.merge import merge_qualify_receipts
 from kdabench.qualify.run import QualifyError, QualifyResult
 from kdabench.receipts import (
     atomic_write_bytes,
     free_receipt_path,
     load_receipt,
-    merge_receipts,
     receipt_dir,
     receipt_filename,
     render_receipt,
@@ -60,6 +68,18 @@ MULTICAST_OFF = {
 }
 
 LOG_TAIL_LINES = 40
+#: What a worker runs (`python -m`): kdabench.qualify.worker, not the CLI.
+WORKER_MODULE = "kdabench.qualify.worker"
+#: At most this many workers by default: beyond it the GPU, not the compiles, is the limit.
+MAX_DEFAULT_WORKERS = 8
+
+
+def default_workers(gpus: int, cpus: int | None = None) -> int:
+    """Workers for a GPU-tier run on `gpus` GPUs: one per two CPU cores (a compile takes a
+    core, the worker's own Python another), at most MAX_DEFAULT_WORKERS, at least one per
+    GPU."""
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    return max(gpus, min(MAX_DEFAULT_WORKERS, cpus // 2))
 
 
 class WorkerFailed(RuntimeError):
@@ -116,12 +136,13 @@ def parse_gpus(spec: str, visible: Sequence[str]) -> list[str]:
 
 @dataclass
 class Worker:
-    """One worker process: its shard, its GPU (None: a CPU worker), its folder and log."""
+    """One worker process: its part of the run, its cases (indices in the tier's expansion),
+    its GPU (None: a CPU worker), its folder and log."""
 
     shard: tuple[int, int]
     gpu: str | None
     folder: Path
-    cases: int
+    case_indices: list[int]
     process: subprocess.Popen | None = None
     started: float = 0.0
     wall_s: float | None = None
@@ -129,6 +150,10 @@ class Worker:
     done: int = 0
     failed: int = 0
     failed_ids: list[str] = field(default_factory=list)
+
+    @property
+    def cases(self) -> int:
+        return len(self.case_indices)
 
     @property
     def label(self) -> str:
@@ -185,7 +210,7 @@ class Worker:
 
 def worker_environment(gpu: str | None, workers: int) -> dict[str, str]:
     """The environment of one worker: its GPU alone (or none), multicast off, and on the CPU
-    an even share of the cores and the Triton interpreter."""
+    the Triton interpreter; an even share of the cores for torch's CPU threads."""
     env = {**os.environ, **MULTICAST_OFF, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
@@ -193,8 +218,7 @@ def worker_environment(gpu: str | None, workers: int) -> dict[str, str]:
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["TRITON_INTERPRET"] = "1"
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        env.setdefault("OMP_NUM_THREADS", str(threads))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     return env
 
 
@@ -204,9 +228,10 @@ def worker_environment(gpu: str | None, workers: int) -> dict[str, str]:
 class ParallelQualification:
     """A qualification split over worker processes, merged into one receipt.
 
-    `gpus` ("all" or "0,1", GPU tier) or `workers` (a count, CPU tier) says how many
-    workers; construction checks what a user can get wrong and raises QualifyError or
-    MatrixError. The worker count is capped at the number of selected cases.
+    GPU tier: `gpus` ("all" or "0,1"; default: the first GPU torch sees) and `workers` (in
+    all, dealt to the GPUs in turn; default :func:`default_workers`). CPU tier: `workers`
+    (required). Construction checks what a user can get wrong and raises QualifyError or
+    MatrixError. There are never more workers than selected cases.
     """
 
     def __init__(
@@ -216,14 +241,12 @@ class ParallelQualification:
         workers: int | None = None, command_line: Sequence[str] | None = None,
         python: str = sys.executable,
     ) -> None:
-        if (gpus is None) == (workers is None):
-            raise QualifyError("give either --gpus (GPU tier) or --workers (CPU tier)")
         if gpus is not None and tier != "gpu":
             raise QualifyError("--gpus runs the GPU tier; leave out --tier cpu or use --workers")
-        if workers is not None and tier != "cpu":
-            raise QualifyError("--workers runs the CPU tier only; use --gpus for the GPU tier")
         if workers is not None and workers < 1:
             raise QualifyError(f"--workers must be at least 1, got {workers}")
+        if tier == "cpu" and workers is None:
+            raise QualifyError("the CPU tier in worker processes needs --workers N")
         backend = backend or matrix.backends[0]
         if backend not in matrix.backends:
             raise QualifyError(f"backend {backend!r} is not in the matrix's backends "
@@ -237,17 +260,21 @@ class ParallelQualification:
         if not self.cases:
             raise MatrixError(f"no {tier}-tier case of {matrix.origin} matches "
                               f"{'the filter ' + repr(contains) if contains else 'this run'}")
-        devices: list[str | None] = (parse_gpus(gpus, visible_gpus()) if gpus is not None
-                                     else [None] * workers)
-        count = min(len(devices), len(self.cases))
-        self.gpus = devices[:count]
-        self.count = count
+        self.gpus: list[str] = _chosen_gpus(gpus) if tier == "gpu" else []
+        if workers is None:
+            workers = default_workers(len(self.gpus))
+        if workers < len(self.gpus):
+            raise QualifyError(f"--workers {workers} is fewer than the {len(self.gpus)} GPUs "
+                               "asked for; give at least one worker per GPU")
+        self.parts = plan_workers(self.cases, min(workers, len(self.cases)))
+        self.count = len(self.parts)
 
-    def worker_command(self, shard: tuple[int, int], folder: Path) -> list[str]:
-        """The command line of the worker that runs `shard` and writes into `folder`."""
-        command = [self.python, "-m", "kdabench.cli.main", "qualify", "--tier", self.tier,
-                   "--backend", self.backend, "--shard", f"{shard[0]}/{shard[1]}",
-                   "--out", str(folder)]
+    def worker_command(self, worker: Worker) -> list[str]:
+        """The command line of `worker`: the worker module, never the CLI."""
+        command = [self.python, "-m", WORKER_MODULE, "--tier", self.tier, "--backend", self.backend,
+                   "--part", f"{worker.shard[0]}/{worker.shard[1]}",
+                   "--cases", ",".join(map(str, worker.case_indices)),
+                   "--out", str(worker.folder)]
         if self.matrix_path is not None:
             command += ["--matrix", str(self.matrix_path)]
         if self.contains is not None:
@@ -256,10 +283,11 @@ class ParallelQualification:
 
     def _workers(self, root: Path) -> list[Worker]:
         workers = []
-        for number, gpu in enumerate(self.gpus, start=1):
-            shard = (number, self.count)
-            cases = len(select_cases(self.cases, shard=shard))
-            workers.append(Worker(shard, gpu, root / f"shard{number}of{self.count}", cases))
+        for number, part in enumerate(self.parts, start=1):
+            gpu = self.gpus[(number - 1) % len(self.gpus)] if self.gpus else None
+            workers.append(Worker((number, self.count), gpu,
+                                  root / f"shard{number}of{self.count}",
+                                  [case.index for case in part]))
         return workers
 
     def run(self, *, on_start: Callable[[list[Worker]], None] | None = None,
@@ -268,6 +296,7 @@ class ParallelQualification:
         """Start the workers, wait for them (calling `on_poll` with their progress), merge
         their receipts and write the merged one. Raises WorkerFailed when a worker fails;
         Ctrl-C stops the workers and propagates."""
+        started = time.monotonic()
         root = Path(tempfile.mkdtemp(prefix="kdabench-qualify-workers-"))
         workers = self._workers(root)
         if on_start:
@@ -278,7 +307,7 @@ class ParallelQualification:
                 with worker.log_path.open("wb") as log:
                     worker.started = time.monotonic()
                     worker.process = subprocess.Popen(
-                        self.worker_command(worker.shard, worker.folder), stdout=log,
+                        self.worker_command(worker), stdout=log,
                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                         env=worker_environment(worker.gpu, self.count))
             while True:
@@ -294,14 +323,14 @@ class ParallelQualification:
         failed = [w for w in workers if not w.complete()]
         if failed:
             raise WorkerFailed([(w.label, w.returncode, w.log_tail()) for w in failed], root)
-        result = self._merge(workers)
+        result = self._merge(workers, round(time.monotonic() - started, 3))
         shutil.rmtree(root, ignore_errors=True)
         return result
 
-    def _merge(self, workers: list[Worker]) -> QualifyResult:
+    def _merge(self, workers: list[Worker], wall_s: float) -> QualifyResult:
         docs = [load_receipt(worker.receipt_path) for worker in workers]
-        merged = merge_receipts(docs, labels=[w.label for w in workers],
-                                command_line=self.command_line)
+        merged = merge_qualify_receipts(docs, labels=[w.label for w in workers],
+                                        command_line=self.command_line, wall_s=wall_s)
         merged["config"]["workers"] = [
             {"label": w.label, "shard": f"{w.shard[0]}/{w.shard[1]}",
              "cuda_visible_devices": w.gpu, "device_name": doc["device"].get("name"),
@@ -310,12 +339,26 @@ class ParallelQualification:
             for w, doc in zip(workers, docs, strict=True)
         ]
         merged["config"]["parallel"] = {"mode": "gpus" if self.tier == "gpu" else "workers",
-                                        "count": self.count, "multicast_off": MULTICAST_OFF}
+                                        "count": self.count, "gpus": len(self.gpus),
+                                        "assignment": "compile groups, longest first",
+                                        "multicast_off": MULTICAST_OFF}
         merged = seal(merged)
         filename = receipt_filename("qualify", merged["device"], merged["created_at"])
         path = free_receipt_path(self.out_dir, filename)
         atomic_write_bytes(path, render_receipt(merged))
         return QualifyResult(path, merged, merged["cases"])
+
+
+def _chosen_gpus(spec: str | None) -> list[str]:
+    """The GPUs of a GPU-tier run: those `spec` names ("all", "0,1"), else the first visible
+    one (the one a process without CUDA_VISIBLE_DEVICES of its own would use)."""
+    visible = visible_gpus()
+    if spec is not None:
+        return parse_gpus(spec, visible)
+    if not visible:
+        raise QualifyError("--tier gpu needs a CUDA GPU and torch sees none here "
+                           "(torch.cuda.is_available() is False); run --tier cpu instead")
+    return visible[:1]
 
 
 def _stop(workers: list[Worker]) -> None:

@@ -1,5 +1,10 @@
 """Tiers, the run loop and the receipt: a Qualification runs the chosen cases of a matrix on
-a tier and writes their records to a receipt as they finish; per-scenario summaries."""
+a tier and writes their records to a receipt as they finish; per-scenario summaries.
+
+Each case record splits its wall time: ``wall_s`` (the whole case), ``compile_s`` (kernel
+compiles, see kdabench.qualify.compile_clock), ``run_s`` (the rest) and the kernels it
+compiled or found in Triton's on-disk cache. The config's ``time`` holds the totals, the wall
+time of the whole run, the worker count and what ``compile_s`` measures."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import torch
 from kdabench import interp_memcheck
 from kdabench.kernel_records import KERNEL_RECORD_KEYS
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
+from kdabench.qualify.compile_clock import CLOCK, MEASURES
 from kdabench.qualify.harness import Context
 from kdabench.qualify.scenarios import RUNNERS
 from kdabench.receipts import free_receipt_path, new_receipt, receipt_dir
@@ -71,6 +77,7 @@ def prepare_tier(tier: str) -> torch.device:
 def run_case(ctx: Context, case: Case) -> dict[str, Any]:
     """Run one case and return its receipt record (never raises but for Ctrl-C)."""
     started = time.perf_counter()
+    compiled_before = CLOCK.reading()
     record = {**case.describe(), "tolerances": dict(case.options["tolerances"])}
     try:
         outcome = RUNNERS[case.scenario](ctx, case)
@@ -96,8 +103,27 @@ def run_case(ctx: Context, case: Case) -> dict[str, Any]:
         record.setdefault(key, None)
     if case.scenario == "int32-boundary" and ctx.gpu:
         torch.cuda.empty_cache()
-    record["wall_s"] = round(time.perf_counter() - started, 3)
+    wall = time.perf_counter() - started
+    compiled = CLOCK.reading() - compiled_before
+    record.update(wall_s=round(wall, 3), compile_s=round(compiled.seconds, 3),
+                  run_s=round(max(wall - compiled.seconds, 0.0), 3),
+                  kernels_compiled=compiled.compiled, kernels_cached=compiled.cached)
     return record
+
+
+def time_totals(cases: Sequence[Mapping[str, Any]], *, wall_s: float | None, workers: int,
+                backend_load_s: float | None) -> dict[str, Any]:
+    """The config's ``time``: compile, run and case wall seconds summed over the cases, the
+    wall time of the whole run (None when unknown), workers, backend load and what
+    compile_s measures."""
+    def total(key: str) -> float | int:
+        return round(sum(case.get(key) or 0 for case in cases), 3)
+
+    return {"compile_s": total("compile_s"), "run_s": total("run_s"),
+            "cases_wall_s": total("wall_s"), "wall_s": wall_s, "workers": workers,
+            "kernels_compiled": total("kernels_compiled"),
+            "kernels_cached": total("kernels_cached"), "backend_load_s": backend_load_s,
+            "measures": MEASURES}
 
 
 @dataclass
@@ -127,6 +153,7 @@ class QualifyResult:
             "status": self.receipt["status"], "tier": config["tier"],
             "backend": config["backend"], "device": self.receipt["device"].get("name"),
             "summary": self.summary, "scenarios": self.by_scenario,
+            "time": config.get("time"),
             "failures": [{"id": c["id"], "verdict": c["verdict"], "message": c.get("message")}
                          for c in self.cases if c["verdict"] != "pass"],
         }
@@ -169,7 +196,7 @@ class Qualification:
         self, matrix: Matrix, *, tier: str | None = None, backend: str | None = None,
         shard: tuple[int, int] | None = None, contains: str | None = None,
         out_dir: str | os.PathLike | None = None, command_line: Sequence[str] | None = None,
-        created_at: str | None = None,
+        created_at: str | None = None, case_indices: Sequence[int] | None = None,
     ) -> None:
         self.matrix = matrix
         self.tier = tier or default_tier()
@@ -177,7 +204,10 @@ class Qualification:
         if self.backend not in matrix.backends:
             raise QualifyError(f"backend {self.backend!r} is not in the matrix's backends "
                                f"({', '.join(matrix.backends)})")
-        self.cases = select_cases(matrix.expand(self.tier), shard=shard, contains=contains)
+        if case_indices is None:
+            self.cases = select_cases(matrix.expand(self.tier), shard=shard, contains=contains)
+        else:
+            self.cases = _chosen_cases(matrix, self.tier, contains, shard, case_indices)
         if not self.cases:
             raise MatrixError(f"no {self.tier}-tier case of {matrix.origin} matches "
                               f"{'the filter ' + repr(contains) if contains else 'this shard'}")
@@ -204,7 +234,10 @@ class Qualification:
             "timing": dict(matrix.timing) if self.tier == "gpu" else None,
             "policy_mode": policy_mode,
         }
-        if shard is not None:
+        if case_indices is not None:  # a worker's part of a run: its cases, named in full
+            config["shard"] = {"index": shard[0], "count": shard[1],
+                               "cases": sorted(set(case_indices))}
+        elif shard is not None:
             config["shard"] = f"{shard[0]}/{shard[1]}"
         from kdabench.environment import device_identity
 
@@ -213,10 +246,13 @@ class Qualification:
         self.path = free_receipt_path(receipt_dir(out_dir), self.builder.filename(), shard)
         self.context = Context(self.device, self.tier, self.backend,
                                matrix.timing if self.tier == "gpu" else None, matrix.seed)
+        CLOCK.install()
+        self.backend_load_s = CLOCK.load_backend(self.backend, self.device)
 
     def run(self, *, on_start: Callable[[Case], None] | None = None,
             on_case: Callable[[dict[str, Any]], None] | None = None) -> QualifyResult:
         records = []
+        started = time.perf_counter()
         with self.builder.writer(self.path, every=5 if self.tier == "gpu" else 1) as writer:
             for case in self.cases:
                 if on_start:
@@ -225,7 +261,26 @@ class Qualification:
                 records.append(writer.add_case(record))
                 if on_case:
                     on_case(record)
+            self.builder.config["time"] = time_totals(
+                records, wall_s=round(time.perf_counter() - started, 3), workers=1,
+                backend_load_s=self.backend_load_s)
         return QualifyResult(self.path, self.builder.document("complete"), records)
+
+
+def _chosen_cases(matrix: Matrix, tier: str, contains: str | None,
+                  shard: tuple[int, int] | None, case_indices: Sequence[int]) -> list[Case]:
+    """The cases of a worker's part: those of `case_indices` (indices in the tier's
+    expansion) that pass the filter; raises QualifyError for an unknown index or no part."""
+    if shard is None:
+        raise QualifyError("a list of cases needs its part of the run (shard I/N)")
+    chosen = set(case_indices)
+    cases = [case for case in select_cases(matrix.expand(tier), contains=contains)
+             if case.index in chosen]
+    unknown = sorted(chosen - {case.index for case in cases})
+    if unknown:
+        raise QualifyError(f"no {tier}-tier case of {matrix.origin} with index {unknown[0]}"
+                           f"{' matches the filter ' + repr(contains) if contains else ''}")
+    return cases
 
 
 def fmt_error(value: Any) -> str:
