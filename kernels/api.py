@@ -8,30 +8,38 @@ captured in a CUDA graph once and replayed with new lengths, offsets and slot in
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
+from . import contract
 from .catalog import config_problems
-from .config import (
-    BACKENDS,
+from .config import Caps, CuteConfig, KernelConfig
+from .contract import (
     CAPACITIES,
     GATE_MODES,
     HEAD_DIMS,
     MIN_LOWER_BOUND,
+    NULL_SLOT,
     VALIDATION_MODES,
-    Caps,
-    CuteConfig,
-    KernelConfig,
+    KdaMetadataError,
+    decode_error_code,
 )
-from .contract import KdaMetadataError, decode_error_code
 from .cute import launch as cute_launch
 from .policy import PolicyMode, resolve_config, resolve_mode
 from .triton import launch
 
-INDEX_DTYPES = (torch.int32, torch.int64)
-ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+def _dtypes(names: tuple[str, ...]) -> tuple[torch.dtype, ...]:
+    return tuple(getattr(torch, name) for name in names)
+
+
+INDEX_DTYPES = _dtypes(contract.INDEX_DTYPES)
+ACTIVATION_DTYPES = _dtypes(contract.ACTIVATION_DTYPES)
+STATE_DTYPES = _dtypes((contract.STATE_DTYPE,))
+CODE_DTYPE = getattr(torch, contract.CODE_DTYPE)
 
 
 class KdaConfigError(ValueError):
@@ -103,11 +111,62 @@ class Binding:
         self.num_seqs.fill_(num_seqs)
 
 
+@dataclass(frozen=True)
+class Backend:
+    """What the API does differently per backend: its config type and the checks,
+    allocations and launches behind plan(), bind() and run()."""
+
+    config_type: type
+    wrong_config: str  # completes "the <name> backend ... (got <config>)"
+    device_ineligibility: Callable[[torch.device], list[str]]
+    config_problems: Callable[[KernelConfig | CuteConfig, int], list[str]]
+    allocate_workspaces: Callable[[Caps, KernelConfig | CuteConfig, torch.device],
+                                  dict[str, torch.Tensor]]
+    binding_problems: Callable[[Binding], list[str]]
+    run: Callable[[Binding], None]
+
+
+def _triton_workspaces(caps: Caps, config: KernelConfig,
+                       device: torch.device) -> dict[str, torch.Tensor]:
+    return launch.allocate_workspaces(caps.num_heads, caps.head_dim, caps.max_tokens,
+                                      caps.max_seqs, config.chunk_size, device,
+                                      config.operand_dtype, config.pipeline)
+
+
+def _triton_run(binding: Binding) -> None:
+    launch.validate(binding)
+    launch.prefill(binding)
+
+
+BACKEND_TABLE: dict[str, Backend] = {
+    "triton": Backend(
+        config_type=KernelConfig,
+        wrong_config="needs a KernelConfig",
+        device_ineligibility=launch.device_ineligibility,
+        config_problems=config_problems,
+        allocate_workspaces=_triton_workspaces,
+        binding_problems=lambda binding: [],
+        run=_triton_run,
+    ),
+    "cute": Backend(
+        config_type=CuteConfig,
+        wrong_config="takes no Triton config",
+        device_ineligibility=lambda device: cute_launch.device_ineligibility(_concrete(device)),
+        config_problems=lambda config, head_dim: [],
+        allocate_workspaces=lambda caps, config, device: cute_launch.allocate_workspaces(
+            caps, device),
+        binding_problems=cute_launch.binding_problems,
+        run=cute_launch.run,
+    ),
+}
+
+
 def ineligibility(caps: Caps) -> list[str]:
     """Reasons the kernel cannot run these caps on their device (empty when it can)."""
     reasons = []
-    if caps.backend not in BACKENDS:
-        reasons.append(f"backend {caps.backend!r} is not available (have: {', '.join(BACKENDS)})")
+    if caps.backend not in BACKEND_TABLE:
+        reasons.append(f"backend {caps.backend!r} is not available "
+                       f"(have: {', '.join(BACKEND_TABLE)})")
     if caps.head_dim not in HEAD_DIMS:
         reasons.append(f"head_dim {caps.head_dim} unsupported (K = V in {HEAD_DIMS})")
     if caps.max_checkpoints not in CAPACITIES:
@@ -125,10 +184,8 @@ def ineligibility(caps: Caps) -> list[str]:
     for name in ("num_heads", "max_tokens", "max_seqs", "max_state_slots"):
         if getattr(caps, name) < 1:
             reasons.append(f"{name} must be >= 1, got {getattr(caps, name)}")
-    if caps.backend == "cute":
-        reasons.extend(cute_launch.device_ineligibility(_concrete(torch.device(caps.device))))
-    elif caps.backend in BACKENDS:
-        reasons.extend(launch.device_ineligibility(torch.device(caps.device)))
+    if caps.backend in BACKEND_TABLE:
+        reasons.extend(BACKEND_TABLE[caps.backend].device_ineligibility(torch.device(caps.device)))
     return reasons
 
 
@@ -162,31 +219,24 @@ def plan(
         resolved = resolve_config(caps, activation_dtype=activation_dtype, mode=mode,
                                   directory=profile_dir)
         config, source = resolved.config, resolved.source
-    problems = [] if caps.backend == "cute" else config_problems(config, caps.head_dim)
+    backend = BACKEND_TABLE[caps.backend]
+    if not isinstance(config, backend.config_type):
+        raise KdaConfigError(f"the {caps.backend} backend {backend.wrong_config} (got {config})")
+    problems = backend.config_problems(config, caps.head_dim)
     if problems:
         raise KdaConfigError(f"kernel config ({source}) cannot run head_dim "
                              f"{caps.head_dim}: " + "; ".join(problems))
-    if caps.backend == "cute":
-        if not isinstance(config, CuteConfig):
-            raise KdaConfigError(f"the cute backend takes no Triton config (got {config})")
-        workspaces = cute_launch.allocate_workspaces(caps, device)
-    else:
-        if not isinstance(config, KernelConfig):
-            raise KdaConfigError(f"the triton backend needs a KernelConfig (got {config})")
-        workspaces = launch.allocate_workspaces(caps.num_heads, caps.head_dim, caps.max_tokens,
-                                                caps.max_seqs, config.chunk_size, device,
-                                                config.operand_dtype, config.pipeline)
     return Plan(
         caps=caps,
         device=device,
         config=config,
         config_source=source,
         interpreter=launch.interpreted(),
-        error_code=torch.zeros(1, dtype=torch.int32, device=device),
-        num_seqs=torch.zeros(1, dtype=torch.int32, device=device),
+        error_code=torch.zeros(1, dtype=CODE_DTYPE, device=device),
+        num_seqs=torch.zeros(1, dtype=CODE_DTYPE, device=device),
         output=torch.empty(caps.max_tokens, caps.num_heads, caps.head_dim,
                            dtype=torch.bfloat16, device=device) if own_output else None,
-        workspaces=workspaces,
+        workspaces=backend.allocate_workspaces(caps, config, device),
         policy_mode=mode.value,
     )
 
@@ -214,14 +264,16 @@ def _check_tensor(name: str, t: torch.Tensor, shape: tuple, dtypes: tuple, devic
 def _checkpoint_metadata(
     caps: Caps, offsets: torch.Tensor | None, indices: torch.Tensor | None, n: int, device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checkpoint metadata as [n, C]; vector [n] for capacity 1; inactive (-1) when absent."""
+    """Checkpoint metadata as [n, C]; vector [n] for capacity 1; inactive (null slot) when
+    absent."""
     cap = caps.max_checkpoints
     if offsets is None and indices is None:
-        inactive = torch.full((n, cap), -1, dtype=torch.int32, device=device)
+        inactive = torch.full(contract.checkpoint_shape(n, cap, vector=False), NULL_SLOT,
+                              dtype=INDEX_DTYPES[0], device=device)
         return torch.ones_like(inactive), inactive
     _require(offsets is not None and indices is not None,
              "checkpoint_offsets and checkpoint_state_indices go together")
-    shape = (n,) if cap == 1 and offsets.dim() == 1 else (n, cap)
+    shape = contract.checkpoint_shape(n, cap, vector=offsets.dim() == 1)
     _check_tensor("checkpoint_offsets", offsets, shape, INDEX_DTYPES, device)
     _check_tensor("checkpoint_state_indices", indices, shape, INDEX_DTYPES, device)
     return offsets, indices
@@ -259,15 +311,15 @@ def bind(
     _require(q.dim() == 3, f"q must be [T, H, K], got shape {tuple(q.shape)}")
     T = q.shape[0]
     _require(T <= caps.max_tokens, f"{T} tokens bound, the plan allows {caps.max_tokens}")
-    for name, t, shape in (("q", q, (T, H, D)), ("k", k, (T, H, D)), ("v", v, (T, H, D))):
-        _check_tensor(name, t, shape, ACTIVATION_DTYPES, device)
-    _check_tensor("g", g, (T, H, D), ACTIVATION_DTYPES, device)
-    _check_tensor("beta", beta, (T, H), ACTIVATION_DTYPES, device)
+    shapes = contract.token_shapes(T, H, D)
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        _check_tensor(name, t, shapes[name], ACTIVATION_DTYPES, device)
     _require(state_pool.dim() == 4, "state_pool must be [slots, H, V, K]")
     slots = state_pool.shape[0]
     _require(slots <= caps.max_state_slots,
              f"state_pool has {slots} slots, the plan allows {caps.max_state_slots}")
-    _check_tensor("state_pool", state_pool, (slots, H, D, D), (torch.float32,), device)
+    _check_tensor("state_pool", state_pool, contract.state_pool_shape(slots, H, D), STATE_DTYPES,
+                  device)
     _require(cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 2,
              "cu_seqlens must be [N + 1] with N >= 1")
     m = cu_seqlens.numel() - 1
@@ -283,15 +335,16 @@ def bind(
     else:
         _require(A_log is not None and dt_bias is not None,
                  f"gate {caps.gate!r} needs A_log [H] and dt_bias [H, K]")
-        _check_tensor("A_log", A_log, (H,), ACTIVATION_DTYPES, device)
+        gate_shapes = contract.gate_parameter_shapes(H, D)
+        _check_tensor("A_log", A_log, gate_shapes["A_log"], ACTIVATION_DTYPES, device)
         dt_bias = dt_bias.reshape(H, D) if dt_bias.numel() == H * D else dt_bias
-        _check_tensor("dt_bias", dt_bias, (H, D), ACTIVATION_DTYPES, device)
+        _check_tensor("dt_bias", dt_bias, gate_shapes["dt_bias"], ACTIVATION_DTYPES, device)
     if out is None:
         _require(plan.output is not None, "this plan owns no output: pass out=")
         out = plan.output[:T]
-    _check_tensor("out", out, (T, H, D), ACTIVATION_DTYPES, device)
+    _check_tensor("out", out, shapes["out"], ACTIVATION_DTYPES, device)
     if isinstance(num_seqs, torch.Tensor):
-        _check_tensor("num_seqs", num_seqs, (1,), (torch.int32,), device)
+        _check_tensor("num_seqs", num_seqs, (1,), (CODE_DTYPE,), device)
         live = num_seqs
     else:
         live = plan.num_seqs
@@ -303,19 +356,14 @@ def bind(
         checkpoint_state_indices=ck_indices, A_log=A_log, dt_bias=dt_bias, out=out,
         scale=float(D ** -0.5 if scale is None else scale),
     )
-    if caps.backend == "cute":
-        problems = cute_launch.binding_problems(binding)
-        _require(not problems, "cannot bind to the cute backend: " + "; ".join(problems))
+    problems = BACKEND_TABLE[caps.backend].binding_problems(binding)
+    _require(not problems, f"cannot bind to the {caps.backend} backend: " + "; ".join(problems))
     return binding
 
 
 def run(binding: Binding) -> KdaResult:
     """Validate the metadata on the device, then run the prefill; no host sync, no allocation."""
-    if binding.plan.caps.backend == "cute":
-        cute_launch.run(binding)
-    else:
-        launch.validate(binding)
-        launch.prefill(binding)
+    BACKEND_TABLE[binding.plan.caps.backend].run(binding)
     return KdaResult(binding.out, binding.plan.error_code)
 
 
@@ -334,7 +382,7 @@ def kda_prefill(
     checkpoint_state_indices: torch.Tensor | None = None,
     scale: float | None = None,
     gate: str = "precomputed",
-    lower_bound: float = -5.0,
+    lower_bound: float = MIN_LOWER_BOUND,
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     qk_l2norm: bool = False,

@@ -6,15 +6,16 @@ from dataclasses import dataclass
 
 import torch
 
-GATE_MODES = ("precomputed", "sigmoid", "softplus")
-CAPACITIES = (1, 2, 4)
-HEAD_DIMS = (64, 128)
-BACKENDS = ("triton", "cute")
-VALIDATION_MODES = ("device",)
+# The caller's side of the contract lives in kernels/contract.py. BACKENDS is re-exported for
+# kdabench.qualify.run, which still reads it from here.
+from .contract import BACKENDS, GATE_MODES, MIN_LOWER_BOUND, VALIDATION_MODES
+
+__all__ = ["BACKENDS", "CHUNK_SIZE", "OPERAND_DTYPES", "PIPELINES", "SHARED_MEMORY_BUDGET_BYTES",
+           "Caps", "CuteConfig", "KernelConfig"]
+
 OPERAND_DTYPES = ("float32", "bfloat16")
 PIPELINES = ("fused", "split")
 CHUNK_SIZE = 32
-MIN_LOWER_BOUND = -5.0
 SHARED_MEMORY_BUDGET_BYTES = 99 * 1024
 
 
@@ -37,12 +38,12 @@ class Caps:
     max_seqs: int
     max_state_slots: int
     max_checkpoints: int = 1
-    gate: str = "precomputed"
-    lower_bound: float = -5.0
+    gate: str = GATE_MODES[0]
+    lower_bound: float = MIN_LOWER_BOUND
     qk_l2norm: bool = False
     beta_sigmoid: bool = False
-    validation: str = "device"
-    backend: str = "triton"
+    validation: str = VALIDATION_MODES[0]
+    backend: str = BACKENDS[0]
 
 
 @dataclass(frozen=True)

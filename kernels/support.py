@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import (
-    BACKENDS,
-    CAPACITIES,
-    CHUNK_SIZE,
-    GATE_MODES,
-    HEAD_DIMS,
-    MIN_LOWER_BOUND,
-    SHARED_MEMORY_BUDGET_BYTES,
-)
+from .config import CHUNK_SIZE, SHARED_MEMORY_BUDGET_BYTES
+from .contract import BACKENDS, CAPACITIES, GATE_MODES, HEAD_DIMS, INDEX_DTYPES, MIN_LOWER_BOUND
 from .cute import launch as cute_launch
 from .triton import launch
 
@@ -40,7 +33,7 @@ def support_report(device: str | None = None) -> dict:
         "capacities": list(CAPACITIES),
         "head_dims": list(HEAD_DIMS),
         "gate_modes": list(GATE_MODES),
-        "index_dtypes": ["int32", "int64"],
+        "index_dtypes": list(INDEX_DTYPES),
         "chunk_size": CHUNK_SIZE,
         "min_lower_bound": MIN_LOWER_BOUND,
         **_shared_memory(name, not reasons),

@@ -1,6 +1,6 @@
 """Host-side reference of the prefill's metadata validation: the exact error code to expect.
 
-Plain Python over lists of ints, written from the contract (DESIGN section 2), not from the
+Plain Python over lists of ints, written from the contract (docs/DESIGN.md §2), not from the
 device validator, so the two can be checked against each other. The rules, for the live
 sequences n < num_seqs:
 
@@ -28,12 +28,8 @@ import itertools
 from collections import Counter
 from collections.abc import Sequence
 
-DUPLICATE_WRITE_SLOT = 1
-MALFORMED_LENGTHS = 2
-SLOT_OUT_OF_RANGE = 4
-BAD_CHECKPOINT_OFFSET = 8
-
-NULL_SLOT = -1
+# Constants only: the rules below are written here, independently of the kernels' validators.
+from kdabench.kernels.contract import NULL_SLOT, MetadataFault
 
 
 def _rows(entries: Sequence, count: int) -> list[list[int]]:
@@ -66,7 +62,7 @@ def expected_error_code(
     cu = [int(x) for x in cu_seqlens]
     capacity = len(cu) - 1
     if not 1 <= num_seqs <= capacity:
-        return MALFORMED_LENGTHS
+        return int(MetadataFault.MALFORMED_LENGTHS)
     cu = cu[: num_seqs + 1]
     lengths = [end - start for start, end in itertools.pairwise(cu)]
     initial = [int(x) for x in initial[:num_seqs]]
@@ -76,26 +72,26 @@ def expected_error_code(
 
     code = 0
     if cu[0] != 0 or any(length < 0 for length in lengths) or cu[-1] > token_capacity:
-        code |= MALFORMED_LENGTHS
+        code |= MetadataFault.MALFORMED_LENGTHS
 
     every_slot = initial + final + [s for row in slots for s in row]
     if any(s != NULL_SLOT and not 0 <= s < num_slots for s in every_slot):
-        code |= SLOT_OUT_OF_RANGE
+        code |= MetadataFault.SLOT_OUT_OF_RANGE
 
     for length, row_offsets, row_slots in zip(lengths, offsets, slots):
         active = [off for off, slot in zip(row_offsets, row_slots) if slot != NULL_SLOT]
         inside = all(1 <= off <= length - 1 for off in active)
         increasing = all(a < b for a, b in itertools.pairwise(active))
         if not (inside and increasing):
-            code |= BAD_CHECKPOINT_OFFSET
+            code |= MetadataFault.BAD_CHECKPOINT_OFFSET
 
     writes = [(n, s) for n, s in enumerate(final) if s >= 0]
     writes += [(n, s) for n, row in enumerate(slots) for s in row if s >= 0]
     if any(count > 1 for count in Counter(s for _, s in writes).values()):
-        code |= DUPLICATE_WRITE_SLOT
+        code |= MetadataFault.DUPLICATE_WRITE_SLOT
     owners_of_initial: dict[int, set[int]] = {}
     for n, s in enumerate(initial):
         owners_of_initial.setdefault(s, set()).add(n)
     if any(owners_of_initial.get(s, set()) - {n} for n, s in writes):
-        code |= DUPLICATE_WRITE_SLOT
-    return code
+        code |= MetadataFault.DUPLICATE_WRITE_SLOT
+    return int(code)

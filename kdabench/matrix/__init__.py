@@ -33,21 +33,23 @@ Modules: `axes` (the vocabulary: axes, variants, scenarios), `loading` (reading 
 file), `cases` (expanded cases, the matrix, case ids, selection by tier and shard).
 """
 
+from kdabench.kernels.contract import (
+    CAPACITIES,
+    GATE_MODES,
+    HEAD_DIMS,
+    INDEX_DTYPES,
+    MIN_LOWER_BOUND,
+)
 from kdabench.matrix.axes import (
     AXES,
-    CAPACITIES,
     CONTRACT_VARIANTS,
     DEFAULT_MATRIX,
     DEFAULT_TIMING,
     DEFAULT_TOLERANCES,
     FAULT_VARIANTS,
     GATE_AXES,
-    GATE_MODES,
-    HEAD_DIMS,
-    INDEX_DTYPES,
     INVALID_FOURTH_VARIANTS,
     KERNEL_AXES,
-    MIN_LOWER_BOUND,
     OFFSET_MODES,
     SCENARIOS,
     SCHEMA,

@@ -7,18 +7,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kdabench.kernels.contract import CAPACITIES
+
 SCHEMA = "kdabench.matrix.v1"
 TIERS = ("cpu", "gpu")
 DEFAULT_MATRIX = "qualify.toml"  # in kdabench/data/
 
-# What the kernel contract allows (DESIGN section 2). Kept here, not imported from
-# kdabench.kernels: importing the kernels decides, once, whether Triton interprets them.
-CAPACITIES = (1, 2, 4)
-HEAD_DIMS = (64, 128)
-GATE_MODES = ("precomputed", "sigmoid", "softplus")
-MIN_LOWER_BOUND = -5.0
 OFFSET_MODES = ("aligned", "unaligned", "first", "last")
-INDEX_DTYPES = ("int32", "int64")
 
 DEFAULT_TOLERANCES = {"output": 5e-3, "state": 3e-3}
 DEFAULT_TIMING = {"warmup": 3, "reps": 15}

@@ -10,17 +10,19 @@ from pathlib import Path
 from typing import Any
 
 from kdabench.datafiles import load_data_file, parse_toml
-from kdabench.matrix.axes import (
-    AXES,
+from kdabench.kernels.contract import (
     CAPACITIES,
-    DEFAULT_MATRIX,
-    DEFAULT_TIMING,
-    DEFAULT_TOLERANCES,
-    FAULT_VARIANTS,
     GATE_MODES,
     HEAD_DIMS,
     INDEX_DTYPES,
     MIN_LOWER_BOUND,
+)
+from kdabench.matrix.axes import (
+    AXES,
+    DEFAULT_MATRIX,
+    DEFAULT_TIMING,
+    DEFAULT_TOLERANCES,
+    FAULT_VARIANTS,
     OFFSET_MODES,
     SCENARIOS,
     SCHEMA,

@@ -38,13 +38,10 @@ from typing import Any
 
 from kdabench.bench.shapes import BenchShape
 from kdabench.datafiles import load_data_file, parse_toml
+from kdabench.kernels.contract import ACTIVATION_DTYPES, CAPACITIES, GATE_MODES, HEAD_DIMS
 
 SCHEMA = "kdabench.tune-queries.v1"
 DEFAULT_QUERIES = "tune.toml"  # in kdabench/data/
-HEAD_DIMS = (64, 128)
-DTYPES = ("bfloat16", "float16", "float32")
-GATES = ("precomputed", "sigmoid", "softplus")
-CAPACITIES = (1, 2, 4)
 MIN_CHECK_LEN = 32  # four strictly increasing interior checkpoints
 TOP_KEYS = {"schema", "name", "head_dim", "dtype", "gates", "capacities", "lower_bound", "seed",
             "shortlist", "timing", "check", "grid", "query"}
@@ -185,9 +182,9 @@ class _Validator:
         if head_dim not in HEAD_DIMS or isinstance(head_dim, bool):
             raise self.fail(f"head_dim must be one of {HEAD_DIMS}, got {head_dim!r}")
         dtype = document.get("dtype", "bfloat16")
-        if dtype not in DTYPES:
-            raise self.fail(f"dtype must be one of {DTYPES}, got {dtype!r}")
-        gates = self.choices("gates", document.get("gates", ["precomputed"]), GATES)
+        if dtype not in ACTIVATION_DTYPES:
+            raise self.fail(f"dtype must be one of {ACTIVATION_DTYPES}, got {dtype!r}")
+        gates = self.choices("gates", document.get("gates", ["precomputed"]), GATE_MODES)
         capacities = self.choices("capacities", document.get("capacities", [4, 1]), CAPACITIES)
         lower_bound = document.get("lower_bound", -5.0)
         if (isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float))

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
-
-from kdabench.sources import hash_file as file_sha256
 
 MANIFEST_SCHEMA = "kdabench.cute-kernels/v1"
 MANIFEST_NAME = "manifest.json"
 LIBRARY_NAME = "libkdabench_cute.so"
 RUNTIME_NAME = "libcute_dsl_runtime.so"
 SUPPORTED_ARCHS = ("sm_90a", "sm_100a", "sm_120a", "sm_121a")
-COMPILED_SOURCES = ("source.py", "compile.py", "variants.py")  # what decides the binaries
+# What decides the binaries, relative to kernels/: the DSL sources and the contract they read.
+COMPILED_SOURCES = ("cute/source.py", "cute/compile.py", "cute/variants.py", "contract.py")
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 hex digest of a file's bytes."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def kernel_source_hashes() -> dict[str, str]:
-    """sha256 of the files that decide the compiled kernels, keyed kernels/cute/<name>."""
-    here = Path(__file__).resolve().parent
-    return {f"kernels/cute/{name}": file_sha256(here / name) for name in COMPILED_SOURCES}
+    """sha256 of the files that decide the compiled kernels, keyed kernels/<path>."""
+    kernels = Path(__file__).resolve().parent.parent
+    return {f"kernels/{name}": file_sha256(kernels / name) for name in COMPILED_SOURCES}
 
 
 def arch_of(capability: tuple[int, int]) -> str:

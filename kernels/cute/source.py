@@ -2,7 +2,7 @@
 
 Three kernels, launched in this order on one stream by kdabench.kernels.cute.launch:
 
-* validate: one block checks the metadata (the rules of DESIGN.md section 2, the same bits as
+* validate: one block checks the metadata (the rules of docs/DESIGN.md §2, the same bits as
   the Triton prologue) and ORs the error bits into a zeroed int32 code;
 * prepare: one warp per (token, head) applies the input transforms (gate, q/k L2 norm, beta
   sigmoid, the output scale folded into q) and writes fp32 q, k, exp(g) and beta workspaces;
@@ -22,10 +22,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-DUPLICATE_WRITE_SLOT = 1
-MALFORMED_LENGTHS = 2
-SLOT_OUT_OF_RANGE = 4
-BAD_CHECKPOINT_OFFSET = 8
+from ..contract import NULL_SLOT, MetadataFault
+
+# The contract's error bits as plain ints: the DSL traces module-level Python values.
+DUPLICATE_BIT = int(MetadataFault.DUPLICATE_WRITE_SLOT)
+LENGTHS_BIT = int(MetadataFault.MALFORMED_LENGTHS)
+RANGE_BIT = int(MetadataFault.SLOT_OUT_OF_RANGE)
+OFFSET_BIT = int(MetadataFault.BAD_CHECKPOINT_OFFSET)
 
 VALIDATE_THREADS = 256
 PREPARE_WARPS = 4
@@ -45,7 +48,7 @@ def _write_slot(final_idx: cute.Tensor, ck_idx: cute.Tensor, w: Int64,
     """Slot of write destination w = n * (1 + CK) + j (j = 0 final, j >= 1 checkpoint j - 1)."""
     n = w // (1 + ck)
     j = w % (1 + ck)
-    slot = Int64(-1)
+    slot = Int64(NULL_SLOT)
     if j == 0:
         slot = final_idx[n]
     else:
@@ -63,28 +66,28 @@ def validate_kernel(
     num_seqs = Int64(live[0])
     bits = Int32(0)
     if num_seqs < 1 or num_seqs > meta_capacity:
-        bits = bits | MALFORMED_LENGTHS
+        bits = bits | LENGTHS_BIT
     else:
         if tid == 0:
             if cu[0] != 0 or cu[num_seqs] > token_capacity:
-                bits = bits | MALFORMED_LENGTHS
+                bits = bits | LENGTHS_BIT
         for n in cutlass.range(tid, num_seqs, VALIDATE_THREADS):
             seqlen = cu[n + 1] - cu[n]
             if seqlen < 0:
-                bits = bits | MALFORMED_LENGTHS
+                bits = bits | LENGTHS_BIT
             init = init_idx[n]
             final = final_idx[n]
-            if init < -1 or init >= num_slots or final < -1 or final >= num_slots:
-                bits = bits | SLOT_OUT_OF_RANGE
+            if init < NULL_SLOT or init >= num_slots or final < NULL_SLOT or final >= num_slots:
+                bits = bits | RANGE_BIT
             prev = Int64(-1)
             for c in cutlass.range_constexpr(CK):
                 offset = ck_off[n * CK + c]
                 slot = ck_idx[n * CK + c]
-                if slot < -1 or slot >= num_slots:
-                    bits = bits | SLOT_OUT_OF_RANGE
-                if slot != -1:
+                if slot < NULL_SLOT or slot >= num_slots:
+                    bits = bits | RANGE_BIT
+                if slot != NULL_SLOT:
                     if offset < 1 or offset > seqlen - 1 or offset <= prev:
-                        bits = bits | BAD_CHECKPOINT_OFFSET
+                        bits = bits | OFFSET_BIT
                     if offset > prev:
                         prev = offset
         num_writes = num_seqs * (1 + CK)
@@ -95,11 +98,11 @@ def validate_kernel(
                 for b in cutlass.range(num_writes):
                     if b != a:
                         if _write_slot(final_idx, ck_idx, b, CK) == slot_a:
-                            bits = bits | DUPLICATE_WRITE_SLOT
+                            bits = bits | DUPLICATE_BIT
                 for m in cutlass.range(num_seqs):
                     if m != owner_a:
                         if init_idx[m] == slot_a:
-                            bits = bits | DUPLICATE_WRITE_SLOT
+                            bits = bits | DUPLICATE_BIT
     bits = cute.arch.warp_reduction(bits, lambda x, y: x | y)
     if tid % 32 == 0:
         if bits != 0:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import CAPACITIES, GATE_MODES, HEAD_DIMS
+from ..contract import CAPACITIES, GATE_MODES, HEAD_DIMS
 
 KERNELS = ("validate", "prepare", "state_pass")
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32",

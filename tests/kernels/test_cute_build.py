@@ -1,5 +1,5 @@
-"""The cute backend's ahead-of-time build (issue 9, acceptance 1): compiled here, without a GPU,
-for sm_90a and sm_121a; the manifests checked; a build that no longer matches is refused."""
+"""The cute backend's ahead-of-time build: compiled without a GPU for sm_90a and sm_121a; the
+manifests checked; a build whose sources or files do not match its manifest is refused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The cute backend on a GPU (issue 9): the contract of DESIGN.md section 2, as the Triton tests.
+"""The cute backend on a GPU: the contract of docs/DESIGN.md §2, as the Triton tests.
 
 Runs the CuTe kernels from an ahead-of-time build ($KDABENCH_CUTE_KERNELS) or compiled just in
 time; skips without a GPU or when neither is available. Checks outputs, final states and up to

@@ -1,4 +1,4 @@
-"""The Triton prefill on a GPU: issue 2, acceptance point 3 (run on the H200 by the lead).
+"""The Triton prefill on a GPU (the GPU test tier; skipped without a CUDA device).
 
 (a) outputs, final states and each of four exported states against the float64 recurrence
     (computed on the GPU) on 13 shapes up to T = 65536, H 4..64, 1..64 sequences, and no
