@@ -213,7 +213,7 @@ class Qualification:
                               f"{'the filter ' + repr(contains) if contains else 'this shard'}")
         self.device = prepare_tier(self.tier)
         from kdabench.kernels import KdaPolicyError, resolve_mode
-        from kdabench.kernels.config import BACKENDS
+        from kdabench.kernels.contract import BACKENDS
 
         if self.backend not in BACKENDS:
             raise QualifyError(f"backend {self.backend!r} is not available here "
