@@ -1,4 +1,4 @@
-"""Seeded random KDA inputs for tests and the qualification matrix.
+"""Seeded random KDA inputs for tests, the qualification matrix and the bench.
 
 Everything is drawn on the CPU from one torch.Generator and then moved to the device, so a
 seed gives the same numbers on every device. The distributions:
@@ -14,6 +14,7 @@ seed gives the same numbers on every device. The distributions:
   g = max(lower_bound * s * w, lower_bound). About half the channels decay slowly
   (|g| < 0.1 * |lower_bound|; the slowest near 3e-6 * |lower_bound| per token, i.e. memory over
   thousands of tokens), about a tenth reach the bound (stressing exp(-cumsum g) inside a chunk).
+  This is the bench's "long-memory" gate regime; kdabench.bench.gates draws its other ones.
 * raw gates for "sigmoid"/"softplus": N(0, 1) plus a per-(head, channel) offset ~ U(-6, 2), so
   the fused gates also span slow (g ~ -0.01) to fast (g ~ lower_bound) channels;
   A_log ~ N(0, 0.5^2) [H]; dt_bias ~ N(0, 0.5^2) [H, K].
@@ -145,13 +146,6 @@ def make_inputs(
         beta_sigmoid=beta_sigmoid,
         initial_state=to_device(initial_state),
     )
-
-
-def random_lengths(
-    rng: random.Random, num_seqs: int, max_len: int, *, min_len: int = 1
-) -> list[int]:
-    """num_seqs lengths drawn uniformly from min_len..max_len."""
-    return [rng.randint(min_len, max_len) for _ in range(num_seqs)]
 
 
 def lengths_with_edges(rng: random.Random, num_seqs: int, max_len: int) -> list[int]:

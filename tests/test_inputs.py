@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from kdabench.inputs import EDGE_LENGTHS, lengths_with_edges, make_inputs, random_lengths
+from kdabench.inputs import EDGE_LENGTHS, lengths_with_edges, make_inputs
 from kdabench.oracles import log_decay
 
 
@@ -66,10 +66,8 @@ def test_bad_arguments():
         make_inputs([], 1, 8)
 
 
-def test_length_helpers():
+def test_lengths_with_edges():
     rng = random.Random(0)
-    lengths = random_lengths(rng, 50, 30)
-    assert len(lengths) == 50 and min(lengths) >= 1 and max(lengths) <= 30
     mixed = lengths_with_edges(rng, 200, 100)
     assert set(mixed) >= {n for n in EDGE_LENGTHS if n <= 100}
     assert max(mixed) <= 100

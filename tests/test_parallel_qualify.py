@@ -360,9 +360,9 @@ def test_two_gpus_merge_to_the_one_gpu_run(tmp_path):
 
 
 def test_parts_of_workers_on_one_gpu_merge_into_a_receipt_that_qualifies(tmp_path):
-    from kdabench.qualification import qualification_status
     from kdabench.qualify import merge_qualify_receipts
     from kdabench.receipts import ReceiptError, new_receipt, render_receipt, seal
+    from kdabench.receipts.qualified import qualification_status
     from kdabench.sources import source_hashes
 
     h200 = {"kind": "cuda", "device": "cuda:0", "name": "NVIDIA H200", "uuid": "GPU-0",

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kdabench import qualification
 from kdabench.kernels import Caps
-from kdabench.qualification import (
+from kdabench.receipts import merge_receipts, new_receipt, qualified, render_receipt
+from kdabench.receipts.qualified import (
     NotQualifiedError,
     QualificationStatus,
     default_results_dir,
@@ -16,7 +16,6 @@ from kdabench.qualification import (
     qualification_status,
     qualified_plan,
 )
-from kdabench.receipts import merge_receipts, new_receipt, render_receipt
 from kdabench.sources import source_hashes
 
 H200 = {
@@ -165,17 +164,17 @@ def test_no_results_folder(tmp_path, sources):
 
 
 def test_results_folder_resolution(tmp_path, monkeypatch):
-    monkeypatch.setenv(qualification.RESULTS_ENV, str(tmp_path))
+    monkeypatch.setenv(qualified.RESULTS_ENV, str(tmp_path))
     assert default_results_dir() == tmp_path
-    monkeypatch.delenv(qualification.RESULTS_ENV)
-    root = qualification.repository_dir()
+    monkeypatch.delenv(qualified.RESULTS_ENV)
+    root = qualified.repository_dir()
     assert root is not None and (root / "kernels").is_dir()
     assert default_results_dir() == root / "results"
 
 
 def test_env_results_folder_is_read(tmp_path, sources, monkeypatch):
     write(tmp_path, sources=sources)
-    monkeypatch.setenv(qualification.RESULTS_ENV, str(tmp_path))
+    monkeypatch.setenv(qualified.RESULTS_ENV, str(tmp_path))
     assert qualification_status("NVIDIA H200", "triton", current_sources=sources).qualified
 
 
@@ -190,11 +189,11 @@ def test_qualified_plan_refuses_an_unqualified_device_when_required(tmp_path):
 
 def test_qualified_plan_accepts_a_qualified_device(tmp_path, sources, monkeypatch):
     write(tmp_path, sources=sources)
-    monkeypatch.setattr(qualification, "device_name_of", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(qualified, "device_name_of", lambda device: "NVIDIA H200")
     caps = Caps(device="cpu", num_heads=1, head_dim=64, max_tokens=16, max_seqs=1,
                 max_state_slots=2)
     planned, status = qualified_plan(caps, require=True, results_dir=tmp_path)
     assert status.qualified and planned.caps == caps
-    monkeypatch.setattr(qualification, "device_name_of", lambda device: "NVIDIA GB10")
+    monkeypatch.setattr(qualified, "device_name_of", lambda device: "NVIDIA GB10")
     with pytest.raises(NotQualifiedError, match="GB10"):
         qualified_plan(caps, require=True, results_dir=tmp_path)

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from kdabench.cli.main import cli
-from kdabench.qualification import RESULTS_ENV
 from kdabench.receipts import OUT_ENV, receipt_dir, verify_file
+from kdabench.receipts.qualified import RESULTS_ENV
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 RESULTS = REPOSITORY / "results"

@@ -78,7 +78,7 @@ def info(device: str | None, as_json: bool) -> None:
 
 def _with_qualification(support: Any) -> Any:
     """The support report(s) with the device's qualification status for each backend."""
-    from kdabench.qualification import device_status
+    from kdabench.receipts.qualified import device_status
 
     if isinstance(support, list):
         return [_with_qualification(report) for report in support]

@@ -5,7 +5,7 @@ Everyday runs (`kdabench qualify`, `bench`, `serve-sweep`) leave their receipts 
 pytest-benchmark keep theirs. Like pytest's cache, ``.kdabench/`` holds a ``.gitignore`` of
 ``*``, so it stays out of whatever repository it is made in. The repository's results/ holds
 only the curated evidence the README cites, written there on purpose with
-``--out results/`` (and read by :mod:`kdabench.qualification`).
+``--out results/`` (and read by :mod:`kdabench.receipts.qualified`).
 """
 
 from __future__ import annotations
