@@ -12,6 +12,7 @@ from kdabench.cli import (
     bench_cmd,
     build_kernels_cmd,
     compare_cmd,
+    fuzz_cmd,
     kernels_cmd,
     merge_cmd,
     qualify_cmd,
@@ -91,6 +92,7 @@ cli.add_command(compare_cmd.compare)
 cli.add_command(build_kernels_cmd.build_kernels)
 cli.add_command(bench_cmd.bench)
 cli.add_command(tune_cmd.tune)
+cli.add_command(fuzz_cmd.fuzz)
 
 
 def _show_exit_codes(group: click.Group) -> None:

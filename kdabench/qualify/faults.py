@@ -9,10 +9,14 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from kdabench.kernels.contract import MetadataFault
 from kdabench.matrix import FAULT_VARIANTS
 from kdabench.qualify.metadata import CannotBuild, Metadata
 
-DUPLICATE, MALFORMED, OUT_OF_RANGE, BAD_OFFSET = 1, 2, 4, 8
+DUPLICATE = int(MetadataFault.DUPLICATE_WRITE_SLOT)
+MALFORMED = int(MetadataFault.MALFORMED_LENGTHS)
+OUT_OF_RANGE = int(MetadataFault.SLOT_OUT_OF_RANGE)
+BAD_OFFSET = int(MetadataFault.BAD_CHECKPOINT_OFFSET)
 FAULT_BITS = {
     "duplicate-final": DUPLICATE, "duplicate-final-checkpoint": DUPLICATE,
     "duplicate-checkpoint": DUPLICATE, "write-aliases-initial": DUPLICATE,

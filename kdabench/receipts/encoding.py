@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 SCHEMA = "kdabench.receipt.v1"
-KINDS = ("qualify", "bench", "serve-sweep")
+KINDS = ("qualify", "bench", "serve-sweep", "fuzz")
 VERDICTS = ("pass", "fail", "error", "skip")
 STATUSES = ("complete", "partial")
 
