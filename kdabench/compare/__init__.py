@@ -15,10 +15,11 @@ Per matched case:
 
 * medians of the raw ``samples_ms`` of each side (``median_ms`` when a side has no
   samples), the ratio HEAD/BASE;
-* a two-sided Mann-Whitney U test on the raw samples (``scipy.stats.mannwhitneyu``,
-  imported only when a test runs);
-* a percentile bootstrap confidence interval of the ratio of medians (numpy, seeded
-  per case id, so a case's interval does not depend on which other cases ran);
+* a two-sided Mann-Whitney U test on the raw samples (:func:`kdabench.stats.mann_whitney_p`,
+  scipy imported only when a test runs);
+* a percentile bootstrap confidence interval of the ratio of medians
+  (:func:`kdabench.stats.bootstrap_ratio_ci`, seeded per case id, so a case's interval does
+  not depend on which other cases ran);
 * for bench receipts, the samples of the backend's kdabench kernel (capacity 4) in a timing
   mode both sides ran (:mod:`kdabench.compare.bench_cases`), each side's fla ratio in the
   note;
@@ -48,11 +49,9 @@ from kdabench.compare.cases import (
     CaseComparison,
     CompareError,
     CompareOptions,
-    bootstrap_ratio_ci,
     case_median,
     compare_case,
     finite_samples,
-    mann_whitney_p,
     parse_threshold,
 )
 from kdabench.compare.groups import (
@@ -63,12 +62,12 @@ from kdabench.compare.groups import (
     UnmatchedReceipt,
     parse_across,
 )
-from kdabench.compare.loading import LoadedReceipt, load_receipts
 from kdabench.compare.pairing import (
     HARNESS_ONLY_TOOLCHAIN_KEYS,
     Comparison,
     compare_paths,
     compare_receipts,
+    load_side,
 )
 from kdabench.compare.render import (
     format_interval,
@@ -83,8 +82,8 @@ from kdabench.compare.render import (
 __all__ = [
     "ACROSS_FIELDS", "HARNESS_ONLY_TOOLCHAIN_KEYS", "PAIRING_FIELDS", "REGRESSIONS", "VERDICTS",
     "CaseComparison", "CompareError", "CompareOptions", "Comparison", "GroupKey",
-    "LoadedReceipt", "ReceiptPair", "UnmatchedReceipt", "bootstrap_ratio_ci", "case_median",
-    "compare_case", "compare_paths", "compare_receipts", "finite_samples", "format_interval",
-    "format_ms", "format_p", "format_ratio", "has_several_groups", "load_receipts",
-    "mann_whitney_p", "pairing_lines", "parse_across", "parse_threshold", "render_markdown",
+    "ReceiptPair", "UnmatchedReceipt", "case_median", "compare_case", "compare_paths",
+    "compare_receipts", "finite_samples", "format_interval", "format_ms", "format_p",
+    "format_ratio", "has_several_groups", "load_side", "pairing_lines", "parse_across",
+    "parse_threshold", "render_markdown",
 ]

@@ -9,6 +9,11 @@ the receipt's ``backend_kernels``) in one mode both sides ran: BASE's primary mo
 unless only eager ran), else one they share. Each side's fla ratio (fla's median over the
 kernel's, same mode) goes into the note: fla runs on the same inputs in each receipt, so its
 ratio says whether a change of kdabench's time is the machine's or the kernel's.
+
+Bench case ids carry the case's gate regime ("8192x8x1/fast-decay"); a case that records none
+(``gates``) was timed on the long-memory inputs under its shape's label alone, so compare
+pairs it as "<label>/long-memory" (:func:`bench_case_key`; the comparison keeps each case's own
+id).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ BENCH_KIND = "bench"
 TIMED_KERNEL = "kdabench"
 FLA_KERNEL = "fla"
 MODE_PREFERENCE = ("graph", "eager")
+UNRECORDED_GATES = "long-memory"  # the inputs of a bench case that records no gate regime
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -29,6 +35,13 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 def _modes(case: Mapping[str, Any]) -> Mapping[str, Any]:
     return _mapping(case.get("modes"))
+
+
+def bench_case_key(case: Mapping[str, Any]) -> str:
+    """What a bench case is paired by: its id, "<id>/long-memory" for a case that records no
+    gate regime (module docstring)."""
+    case_id = str(case.get("id"))
+    return case_id if "gates" in case else f"{case_id}/{UNRECORDED_GATES}"
 
 
 def bench_mode(base: Mapping[str, Any] | None, head: Mapping[str, Any] | None,

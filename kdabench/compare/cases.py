@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
+from kdabench.stats import bootstrap_ratio_ci, mann_whitney_p, median
 
 #: Case verdicts, most severe first (the order tables are sorted in).
 VERDICTS = ("failed", "regressed", "improved", "new", "missing", "unchanged")
@@ -83,45 +83,12 @@ def case_median(case: Mapping[str, Any] | None) -> float | None:
     """Median of the case's samples, else its ``median_ms``, else None."""
     samples = finite_samples(case)
     if samples:
-        return float(np.median(samples))
-    median = case.get("median_ms") if case else None
-    if isinstance(median, (int, float)) and not isinstance(median, bool) and math.isfinite(median):
-        return float(median)
+        return median(samples)
+    recorded = case.get("median_ms") if case else None
+    if (isinstance(recorded, (int, float)) and not isinstance(recorded, bool)
+            and math.isfinite(recorded)):
+        return float(recorded)
     return None
-
-
-def mann_whitney_p(base: Sequence[float], head: Sequence[float]) -> float | None:
-    """Two-sided Mann-Whitney U p-value; None without samples on both sides. Samples
-    that are all one value on both sides give 1.0."""
-    if not base or not head:
-        return None
-    from scipy.stats import mannwhitneyu  # half a second to import: only when a test runs
-
-    p_value = float(mannwhitneyu(head, base, alternative="two-sided").pvalue)
-    return 1.0 if math.isnan(p_value) else p_value
-
-
-def bootstrap_ratio_ci(
-    base: Sequence[float], head: Sequence[float], *, resamples: int = 2000,
-    confidence: float = 0.95, seed: int | Sequence[int] = 0,
-) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of median(head) / median(base), resampling each side
-    independently with replacement. None without samples on both sides or when a base
-    resample has a non-positive median."""
-    if not base or not head:
-        return None
-    rng = np.random.default_rng(seed)
-    base_array, head_array = np.asarray(base, float), np.asarray(head, float)
-    base_medians = np.median(
-        base_array[rng.integers(0, base_array.size, (resamples, base_array.size))], axis=1)
-    head_medians = np.median(
-        head_array[rng.integers(0, head_array.size, (resamples, head_array.size))], axis=1)
-    if np.any(base_medians <= 0):
-        return None
-    ratios = head_medians / base_medians
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(ratios, [tail, 100 - tail])
-    return float(low), float(high)
 
 
 # --------------------------------------------------------------------------- one case

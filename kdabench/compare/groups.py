@@ -6,12 +6,9 @@ is paired with the group of HEAD that has the same key, less the fields compared
 (``across``: "backend" for CuTe against Triton, "device" for one GPU against another). A
 group without a counterpart is unmatched: its receipts are listed, its cases not compared.
 
-The backend a receipt's cases ran on: a qualify receipt records it as ``config.backend``; a
-bench receipt times kdabench on each backend of ``config.backend_kernels`` ({backend:
-kernel}; the first backend's kernel is ``kdabench``, a further one's ``kdabench-<backend>``),
-so it holds one part per backend, each judged by that backend's kernel. Receipts written
-before kdabench had a second backend record none: they ran Triton. Other kinds (serve-sweep)
-have no kernel backend.
+The backend a receipt's cases ran on is :attr:`kdabench.receipts.LoadedReceipt.backend`; a
+bench receipt that timed several backends (``backend_kernels``) holds one part per backend,
+each judged by that backend's kernel. Other kinds (serve-sweep) have no kernel backend.
 """
 
 from __future__ import annotations
@@ -20,16 +17,13 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kdabench.compare.bench_cases import BENCH_KIND, TIMED_KERNEL
+from kdabench.compare.bench_cases import BENCH_KIND, TIMED_KERNEL, bench_case_key
 from kdabench.compare.cases import CompareError
-from kdabench.compare.loading import LoadedReceipt
+from kdabench.receipts import LoadedReceipt
 
 #: What a case is paired by, besides its id, and the fields that may be compared across.
 PAIRING_FIELDS = ("kind", "backend", "device")
 ACROSS_FIELDS = ("backend", "device")
-#: The backend of a qualify or bench receipt that records none.
-DEFAULT_BACKEND = "triton"
-BACKEND_KINDS = frozenset({"qualify", BENCH_KIND})
 SIDES = ("BASE", "HEAD")
 
 
@@ -81,25 +75,8 @@ def receipt_parts(receipt: LoadedReceipt) -> list[ReceiptPart]:
     """One part per backend the receipt's cases ran on."""
     if receipt.kind == BENCH_KIND:
         return [ReceiptPart(receipt, GroupKey(receipt.kind, backend, receipt.device_name), kernel)
-                for backend, kernel in bench_kernels(receipt).items()]
-    return [ReceiptPart(receipt, GroupKey(receipt.kind, receipt_backend(receipt),
-                                          receipt.device_name))]
-
-
-def receipt_backend(receipt: LoadedReceipt) -> str | None:
-    """The backend a (non-bench) receipt's cases ran on."""
-    recorded = receipt.config.get("backend")
-    if recorded:
-        return str(recorded)
-    return DEFAULT_BACKEND if receipt.kind in BACKEND_KINDS else None
-
-
-def bench_kernels(receipt: LoadedReceipt) -> dict[str, str]:
-    """{backend: kernel timed on it} of a bench receipt."""
-    recorded = receipt.config.get("backend_kernels")
-    if isinstance(recorded, Mapping) and recorded:
-        return {str(backend): str(kernel) for backend, kernel in recorded.items()}
-    return {DEFAULT_BACKEND: TIMED_KERNEL}
+                for backend, kernel in receipt.backend_kernels.items()]
+    return [ReceiptPart(receipt, GroupKey(receipt.kind, receipt.backend, receipt.device_name))]
 
 
 @dataclass
@@ -114,7 +91,8 @@ class Group:
     def add(self, part: ReceiptPart) -> None:
         self.parts.append(part)
         for case in part.receipt.doc["cases"]:
-            case_id = str(case.get("id"))
+            case_id = (bench_case_key(case) if part.key.kind == BENCH_KIND
+                       else str(case.get("id")))
             if case_id in self.cases:
                 self.duplicates += 1
             self.cases[case_id] = (case, part)
@@ -133,8 +111,8 @@ class Group:
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.key.backend, "device": self.key.device,
-                "receipts": [part.receipt.path for part in self.used],
-                "superseded": [part.receipt.path for part in self.superseded]}
+                "receipts": [str(part.receipt.path) for part in self.used],
+                "superseded": [str(part.receipt.path) for part in self.superseded]}
 
 
 def group_receipts(receipts: Sequence[LoadedReceipt]) -> dict[GroupKey, Group]:
@@ -203,7 +181,7 @@ def pair_groups(
             _require_one(sides[side][key], side, across)
     pairs = [ReceiptPair(sides["BASE"][key][0], sides["HEAD"][key][0]) for key in shared]
     reason = f"no receipt of that {'/'.join(pairing_fields(across))} on the other side"
-    unmatched = [UnmatchedReceipt(side, part.receipt.path, part.key, reason)
+    unmatched = [UnmatchedReceipt(side, str(part.receipt.path), part.key, reason)
                  for side, other in zip(SIDES, reversed(SIDES), strict=True)
                  for key, groups in sides[side].items() if key not in sides[other]
                  for group in groups for part in group.parts]

@@ -29,8 +29,7 @@ from kdabench.compare.groups import (
     pairs_across,
     parse_across,
 )
-from kdabench.compare.loading import LoadedReceipt, load_receipts
-from kdabench.receipts import DEVICE_UNIT_KEYS
+from kdabench.receipts import DEVICE_UNIT_KEYS, LoadedReceipt, ReceiptError, load_receipts
 from kdabench.sources import compare_source_hashes
 
 #: Toolchain entries that do not touch kernel timings; a difference in them is not warned.
@@ -248,10 +247,36 @@ def compare_paths(
     options = CompareOptions(threshold=parse_threshold(threshold), alpha=alpha,
                              resamples=resamples, confidence=confidence, seed=seed)
     warnings: list[str] = []
-    base_receipts = load_receipts(base, verify=verify, warnings=warnings)
-    head_receipts = load_receipts(head, verify=verify, warnings=warnings)
+    base_receipts = load_side(base, verify=verify, warnings=warnings)
+    head_receipts = load_side(head, verify=verify, warnings=warnings)
     comparison = compare_receipts(base_receipts, head_receipts, options, warnings=warnings,
                                   across=across)
-    comparison.base = [r.path for r in base_receipts]
-    comparison.head = [r.path for r in head_receipts]
+    comparison.base = [str(r.path) for r in base_receipts]
+    comparison.head = [str(r.path) for r in head_receipts]
     return comparison
+
+
+def load_side(path: str | os.PathLike, *, verify: bool = True,
+              warnings: list[str] | None = None) -> list[LoadedReceipt]:
+    """Every receipt of one side (a file or a folder), verified byte for byte against its own
+    source hashes (the sides' sources are compared with each other, not with the tree).
+
+    A receipt that does not verify raises :class:`CompareError` when ``verify`` is True;
+    otherwise it is kept and a warning is appended to ``warnings``, as one is for a partial
+    receipt."""
+    warnings = [] if warnings is None else warnings
+    try:
+        loaded = load_receipts([path], sources="own")
+    except ReceiptError as error:
+        raise CompareError(str(error)) from error
+    for receipt in loaded:
+        if not receipt.verified:
+            problems = "; ".join(receipt.check.problems)
+            if verify:
+                raise CompareError(f"{receipt.path} does not verify ({problems}); pass "
+                                   "--no-verify to compare it anyway")
+            warnings.append(f"{receipt.path} does not verify ({problems}); compared anyway "
+                            "(--no-verify)")
+        if receipt.doc.get("status") != "complete":
+            warnings.append(f"{receipt.path} is a partial receipt (interrupted run)")
+    return loaded

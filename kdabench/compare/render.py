@@ -50,7 +50,7 @@ def pairing_lines(comparison: Comparison, path: Callable[[str], str] = str) -> l
 def _group_receipts(group: Group, path: Callable[[str], str]) -> str:
     """'a.json, b.json (+2 superseded)': the receipts whose cases are compared, and how many
     older ones a newer receipt replaced entirely."""
-    used = ", ".join(path(part.receipt.path) for part in group.used) or "no case"
+    used = ", ".join(path(str(part.receipt.path)) for part in group.used) or "no case"
     superseded = len(group.superseded)
     return f"{used} (+{superseded} superseded)" if superseded else used
 

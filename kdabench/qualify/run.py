@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,6 +26,7 @@ from kdabench.qualify.compile_clock import CLOCK, MEASURES
 from kdabench.qualify.harness import Context
 from kdabench.qualify.scenarios import RUNNERS
 from kdabench.receipts import free_receipt_path, new_receipt, receipt_dir
+from kdabench.stats import median
 
 
 class QualifyError(ValueError):
@@ -94,7 +94,7 @@ def run_case(ctx: Context, case: Case) -> dict[str, Any]:
             verdict="fail" if outcome.failures else "pass",
             message="; ".join(outcome.failures[:8]) or outcome.note,
             errors=outcome.errors, checks=outcome.checks, shape=outcome.shape,
-            median_ms=round(statistics.median(samples), 5) if samples else None,
+            median_ms=round(median(samples), 5) if samples else None,
             samples_ms=samples, **outcome.kernel,
         )
         if outcome.details:
@@ -180,7 +180,7 @@ def summarize_by_scenario(cases: Sequence[Mapping[str, Any]]) -> dict[str, dict[
         row["worst_output_error"] = _worst(row.pop("_out"))
         row["worst_state_error"] = _worst(row.pop("_state"))
         times = [t for t in row.pop("_ms") if isinstance(t, (int, float))]
-        row["median_ms"] = statistics.median(times) if times else None
+        row["median_ms"] = median(times) if times else None
     return table
 
 

@@ -35,7 +35,8 @@ last partial receipt, which still verifies.
 The modules: `encoding` (the schema's constants, sanitising, canonical JSON, the hash, the
 one rendering, sealing), `write` (file names, atomic writes, building and writing a
 receipt), `location` (the folder a receipt goes to when no --out is given: $KDABENCH_OUT,
-else ./.kdabench), `verify` (reading and verifying) and `merge` (joining shard receipts).
+else ./.kdabench), `verify` (reading and verifying), `loading` (the receipts a command was pointed at, read and
+verified: :func:`load_receipts`) and `merge` (joining shard receipts).
 """
 
 from kdabench.receipts.encoding import (
@@ -52,6 +53,7 @@ from kdabench.receipts.encoding import (
     summarize,
     utc_now,
 )
+from kdabench.receipts.loading import LoadedReceipt, load_receipts
 from kdabench.receipts.location import OUT_ENV, WORKING_FOLDER, receipt_dir
 from kdabench.receipts.merge import (
     DEVICE_UNIT_KEYS,
@@ -81,9 +83,10 @@ from kdabench.receipts.write import (
 
 __all__ = [
     "DEVICE_UNIT_KEYS", "KINDS", "OUT_ENV", "SCHEMA", "SHARD_CONFIG_KEYS", "STATUSES",
-    "VERDICTS", "WORKING_FOLDER", "ReceiptBuilder", "ReceiptError", "ReceiptWriter",
-    "Verification", "atomic_write_bytes", "canonical_json", "compute_hash", "device_slug",
-    "free_receipt_path", "load_receipt", "merge_receipts", "missing_shards", "new_receipt",
+    "VERDICTS", "WORKING_FOLDER", "LoadedReceipt", "ReceiptBuilder", "ReceiptError",
+    "ReceiptWriter", "Verification", "atomic_write_bytes", "canonical_json", "compute_hash",
+    "device_slug", "free_receipt_path", "load_receipt", "load_receipts", "merge_receipts",
+    "missing_shards", "new_receipt",
     "parse_shard", "read_receipt", "receipt_dir", "receipt_filename", "render_receipt",
     "repo_root", "sanitize", "seal", "summarize", "utc_now", "verify_bytes", "verify_file",
     "verify_receipt",

@@ -7,7 +7,7 @@
 
 ``kdabench compare`` judges a change for CI; a report shows what receipts hold. Inputs are
 receipt files or folders of them (every ``*.json`` directly inside a folder). Every receipt
-is verified (:func:`kdabench.receipts.verify_file`); one that fails is still rendered, under
+is verified (:func:`kdabench.receipts.load_receipts`); one that fails is still rendered, under
 a warning in its section, unless ``require_verified`` is given, which refuses it. A file
 that is not a readable receipt raises :class:`ReportError`. The Markdown names every case
 of every receipt. Plots are drawn on :class:`matplotlib.figure.Figure` objects with the Agg
@@ -18,21 +18,27 @@ never stops a report; numbers stored as "nan"/"inf" strings (see
 :func:`kdabench.receipts.sanitize`) are read as floats. Any other kind is listed with its
 cases' ids, verdicts and messages.
 
-The modules: `loading` (receipt files named, read and verified), `fields` (values read from
-cases whatever their layout), `markdown` (numbers and tables as text), `plotting` (figures,
-PNG files, log-log axes), one section per kind: `qualify`, `bench`, `serve_sweep`; and
-`build` (the whole report assembled and written).
+The same cases as one pandas DataFrame, a row per case per receipt (``kdabench report
+--csv``)::
+
+    table = report_table(["results/"])       # columns: kdabench.report.table.COLUMNS
+
+The modules: `fields` (values read from cases whatever their layout), `markdown` (numbers
+and tables as text), `plotting` (figures, PNG files, log-log axes), one section per kind:
+`qualify`, `bench`, `serve_sweep`; `build` (the receipts read, the whole report assembled
+and written) and `table` (every case as a DataFrame row).
 """
 
 from kdabench.report.bench import KERNEL_ORDER, BenchPoint, bench_points, plot_bench
 from kdabench.report.build import (
     REPORT_NAME,
     SECTIONS,
+    ReportError,
     ReportResult,
     build_report,
+    read_receipts,
     render_report,
 )
-from kdabench.report.loading import LoadedReceipt, ReportError, load_receipts, receipt_paths
 from kdabench.report.markdown import fmt_count, fmt_err, fmt_ms, md_table
 from kdabench.report.qualify import (
     AXIS_SKIP,
@@ -41,21 +47,14 @@ from kdabench.report.qualify import (
     qualify_by_axis,
     qualify_by_scenario,
 )
-from kdabench.report.serve_sweep import (
-    BOOTSTRAP_RESAMPLES,
-    TTFT_KINDS,
-    ServePoint,
-    bootstrap_ci,
-    plot_serve,
-    serve_point,
-)
+from kdabench.report.serve_sweep import TTFT_KINDS, ServePoint, plot_serve, serve_point
+from kdabench.report.table import COLUMNS, case_rows, cases_table, report_table
 
 __all__ = [
-    "AXIS_SKIP", "BOOTSTRAP_RESAMPLES", "KERNEL_ORDER", "REPORT_NAME", "SECTIONS",
-    "STATE_ERRORS", "TTFT_KINDS",
-    "BenchPoint", "LoadedReceipt", "ReportError", "ReportResult", "ServePoint",
-    "bench_points", "bootstrap_ci", "build_report", "fmt_count", "fmt_err", "fmt_ms",
-    "load_receipts", "md_table", "plot_bench", "plot_qualify_times", "plot_serve",
-    "qualify_by_axis", "qualify_by_scenario", "receipt_paths", "render_report",
-    "serve_point",
+    "AXIS_SKIP", "COLUMNS", "KERNEL_ORDER", "REPORT_NAME", "SECTIONS", "STATE_ERRORS",
+    "TTFT_KINDS",
+    "BenchPoint", "ReportError", "ReportResult", "ServePoint",
+    "bench_points", "build_report", "case_rows", "cases_table", "fmt_count", "fmt_err",
+    "fmt_ms", "md_table", "plot_bench", "plot_qualify_times", "plot_serve", "qualify_by_axis",
+    "qualify_by_scenario", "read_receipts", "render_report", "report_table", "serve_point",
 ]

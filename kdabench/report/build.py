@@ -1,6 +1,8 @@
 """Assembly: the report's overview, one section per receipt, report.md written.
 
-A receipt that fails verification is still rendered, under a warning in its section,
+Inputs are receipt files or folders of them (every ``*.json`` directly inside a folder),
+read and verified by :func:`kdabench.receipts.load_receipts` against the kernel sources in
+hand. A receipt that fails verification is still rendered, under a warning in its section,
 unless ``require_verified`` is given, which refuses it. Any kind without a section of its
 own is listed with its cases' ids, verdicts and messages.
 """
@@ -12,13 +14,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kdabench.receipts import LoadedReceipt, ReceiptError, load_receipts
 from kdabench.report.bench import bench_section
-from kdabench.report.loading import LoadedReceipt, ReportError, load_receipts
 from kdabench.report.markdown import device_name, fmt_case_id, fmt_verdict, md_table
 from kdabench.report.qualify import qualify_section
 from kdabench.report.serve_sweep import serve_section
 
 REPORT_NAME = "report.md"
+
+
+class ReportError(ValueError):
+    """An input cannot be reported (missing, not a receipt, refused); one line."""
+
+
+def read_receipts(
+    inputs: Iterable[str | Path], *, require_verified: bool = False,
+    current_sources: Mapping[str, str] | None = None,
+) -> list[LoadedReceipt]:
+    """Read and verify every receipt named by ``inputs``, its source hashes against
+    ``current_sources`` (default: the tree in hand). Raises :class:`ReportError` for an input
+    that is not a readable receipt, or, with ``require_verified``, for a receipt that fails
+    verification."""
+    try:
+        receipts = load_receipts(inputs, "tree" if current_sources is None else current_sources)
+    except ReceiptError as error:
+        raise ReportError(str(error)) from error
+    bad = [r for r in receipts if not r.verified]
+    if require_verified and bad:
+        details = "; ".join(f"{r.path} ({', '.join(r.check.problems)})" for r in bad)
+        raise ReportError(f"refusing {len(bad)} receipt(s) that fail verification: {details}")
+    return receipts
 
 
 def _other_section(receipt: LoadedReceipt) -> list[str]:
@@ -152,13 +177,8 @@ def build_report(
     Raises :class:`ReportError` for an input that is not a readable receipt, or, with
     ``require_verified``, for a receipt that fails verification (before writing anything).
     """
-    receipts = load_receipts(inputs, current_sources)
-    if require_verified:
-        bad = [r for r in receipts if not r.verified]
-        if bad:
-            details = "; ".join(f"{r.path} ({', '.join(r.check.problems)})" for r in bad)
-            raise ReportError(f"refusing {len(bad)} receipt(s) that fail verification: "
-                              f"{details}")
+    receipts = read_receipts(inputs, require_verified=require_verified,
+                             current_sources=current_sources)
     out_dir = Path(out_dir)
     text, plots = render_report(receipts, out_dir, title)
     markdown_path = out_dir / REPORT_NAME

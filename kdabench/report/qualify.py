@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kdabench import stats
+from kdabench.receipts import LoadedReceipt
 from kdabench.report.fields import finite_numbers, get_field, to_number, worst
-from kdabench.report.loading import LoadedReceipt
 from kdabench.report.markdown import (
     device_name,
     fmt_case_id,
@@ -92,7 +92,7 @@ class _Tally:
 
     def row(self, *label: Any) -> list[Any]:
         counts = [self.verdicts.get(v, 0) for v in ("pass", "fail", "error", "skip")]
-        median = statistics.median(self.medians) if self.medians else None
+        median = stats.median(self.medians)
         return [*label, self.cases, *counts, self._worst_of(self.output),
                 self._worst_of(self.state), fmt_ms(median)]
 
@@ -192,7 +192,7 @@ def plot_qualify_times(cases: Sequence[Mapping[str, Any]], path: Path, device: s
             line_x = sorted(by_tokens)
             xs_all += line_x
             panel.plot([t * dodge[heads] for t in line_x],
-                       [statistics.median(by_tokens[t]) for t in line_x], "-",
+                       [stats.median(by_tokens[t]) for t in line_x], "-",
                        color=colors[heads], linewidth=1.4)
         log_axes(panel, "total tokens T (log scale)", "median kernel time (ms, log scale)",
                  xs_all)

@@ -25,13 +25,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kdabench.stats import median
 from kdabench.tune.grid import candidates, narrowed, shared_memory_limit
 from kdabench.tune.queries import TuneQueries, TuneQuery
 from kdabench.tune.runner import Runner, Timed
@@ -61,10 +61,6 @@ class TuneResult:
                 "device": self.profile["device"].get("name"),
                 "status": self.profile["status"], "entries": len(self.profile["entries"]),
                 "notes": self.notes, "queries": self.records}
-
-
-def _median(samples: Sequence[float]) -> float | None:
-    return statistics.median(samples) if samples else None
 
 
 class Tune:
@@ -230,7 +226,7 @@ class Tune:
     def _row(config: Any, timed: Timed, heuristic: bool) -> dict[str, Any]:
         samples = timed.samples_ms
         return {"config": dataclasses.asdict(config), "heuristic": heuristic,
-                "median_ms": _median(samples) if not timed.error else None,
+                "median_ms": median(samples) if not timed.error else None,
                 "min_ms": min(samples) if samples else None,
                 "max_ms": max(samples) if samples else None,
                 "samples": len(samples), "error": timed.error}

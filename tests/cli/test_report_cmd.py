@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import statistics
 from pathlib import Path
 
+import pandas
 import pytest
-from cli_helpers import invoke
+from cli_helpers import assert_one_line_error, invoke
 
 from kdabench.receipts import load_receipt, new_receipt
 from kdabench.sources import source_hashes
@@ -83,6 +85,55 @@ def test_require_verified_refuses_a_tampered_receipt_with_exit_2(served: Path, t
     assert result.stderr.startswith("error: refusing 1 receipt(s) that fail verification")
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+CSV_COLUMNS = ["receipt", "kind", "backend", "device", "verified", "case", "verdict",
+               "scenario", "arm", "kernel", "mode", "gates", "tokens", "seqs", "heads",
+               "head_dim", "prompt_tokens", "median_ms", "ci_low_ms", "ci_high_ms", "n_samples"]
+
+
+def test_csv_writes_a_row_per_case_per_receipt_of_the_committed_receipts(tmp_path: Path):
+    out = tmp_path / "cases.csv"
+    result = invoke("report", RESULTS, "--csv", out)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{out}\n" and result.stderr == ""
+    assert not (tmp_path / "kdabench-report").exists()
+    table = pandas.read_csv(out)
+    assert list(table.columns) == CSV_COLUMNS
+    expected = {path.name: [case["id"] for case in json.loads(path.read_text())["cases"]]
+                for path in sorted(RESULTS.glob("*.json"))}
+    assert len(table) == sum(len(ids) for ids in expected.values())
+    assert {name: list(rows.case) for name, rows in table.groupby("receipt")} == expected
+    assert table.verified.all()
+
+
+def test_csv_to_stdout_reads_back(served: Path):
+    result = invoke("report", served, "--csv", "-")
+    assert result.exit_code == 0, result.output
+    table = pandas.read_csv(io.StringIO(result.stdout))
+    assert list(table.case) == [f"ttft-{arm}-{prompt}" for arm in ("export-off", "export-on")
+                                for prompt in (1024, 4096)]
+    assert (table.n_samples == 7).all() and (table.ci_low_ms < table.median_ms).all()
+    assert (table.receipt == served.name).all()
+
+
+def test_csv_json_says_what_was_written(served: Path, tmp_path: Path):
+    out = tmp_path / "cases.csv"
+    result = invoke("report", served, "--csv", out, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"csv": str(out), "rows": 4, "receipts": [str(served)]}
+
+
+@pytest.mark.parametrize("args, message", [
+    (("absent", "--csv", "-"), "no such file or folder"),
+    ((RESULTS, "--csv", "-", "--json"), "both write to stdout"),
+    ((RESULTS, "--csv", "a-file/cases.csv"), "cannot write a-file/cases.csv"),
+], ids=["missing", "stdout-twice", "unwritable"])
+def test_csv_bad_input_exits_2_with_one_line(tmp_path: Path, monkeypatch, args, message: str):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("not a folder\n", encoding="utf-8")
+    result = invoke("report", *args)
+    assert_one_line_error(result, 2, message, empty_stdout=True)
 
 
 @pytest.mark.parametrize("make, message", [
