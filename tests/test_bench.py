@@ -7,7 +7,10 @@ the fake."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -16,14 +19,18 @@ import pytest
 import torch
 
 from kdabench.bench import (
+    FAST_DECAY,
     FLA,
     KDABENCH,
     KDABENCH_BASELINE,
     KDABENCH_C1,
+    LONG_MEMORY,
+    SANITY_TOLERANCE,
     Bench,
     BenchError,
     BenchShape,
     Ceilings,
+    GateRegime,
     KernelCalls,
     Outputs,
     Prepared,
@@ -34,22 +41,28 @@ from kdabench.bench import (
     breakdown_record,
     count_bytes,
     count_flops,
+    draw_inputs,
     floor,
+    load_gate_stats,
     load_shapes,
     merge_bench_receipts,
+    parse_gates,
     parse_shapes,
     policy_metrics,
     relative_error,
     shape_metrics,
     short_kernel_name,
     summarize,
+    summarize_by_gates,
 )
 from kdabench.bench import cuda as bench_cuda
+from kdabench.bench import replay as bench_replay
 from kdabench.compare import compare_paths
 from kdabench.kernel_records import plan_record
 from kdabench.receipts import (
     ReceiptError,
     load_receipt,
+    render_receipt,
     sanitize,
     seal,
     verify_file,
@@ -105,17 +118,21 @@ class FakeBackend:
     def __init__(self, *, fla_reason: str | None = None, output_error: float = 1e-3,
                  fla_graph: bool = True, fail_prepare: bool = False, unavailable=None,
                  baseline_error: float = 0.0, backend_error: float = 0.0,
-                 backend_reasons: dict[str, str] | None = None):
+                 backend_reasons: dict[str, str] | None = None,
+                 stale_replays: dict[str, str] | None = None, draw: bool = True):
         self.timer = fake_timer
         self.profiler = fake_profiler
         self.fla_reason, self.output_error = fla_reason, output_error
         self.fla_graph, self.fail_prepare, self._unavailable = fla_graph, fail_prepare, unavailable
         self.baseline_error, self.backend_error = baseline_error, backend_error
         self.backend_reasons = backend_reasons or {}
+        self.stale_replays = stale_replays or {}
+        self.draw = draw  # False: no CPU draw of the inputs (shapes too large for a test)
         self.released = 0
         self.policy_modes = []
         self.baseline_policies = []
         self.backends = []
+        self.gates = []
 
     def unavailable(self):
         return self._unavailable
@@ -132,13 +149,15 @@ class FakeBackend:
     def ceilings(self):
         return Ceilings(4.0e12, 7.0e14, {"copy": {"samples_ms": [1.0]}})
 
-    def prepare(self, shape, shapes, kernels, modes, policy_mode=None, baseline_policy=None,
-                backends=("triton",)):
+    def prepare(self, shape, shapes, kernels, modes, gates, policy_mode=None,
+                baseline_policy=None, backends=("triton",)):
         self.policy_modes.append(policy_mode)
         self.baseline_policies.append(baseline_policy)
         self.backends.append(list(backends))
+        self.gates.append(gates.name)
         if self.fail_prepare:
             raise RuntimeError("out of fake memory")
+        gate_stats = draw_inputs(shape, shapes, gates, "cpu")[1] if self.draw else {}
         scale = shape.tokens * shape.heads / 1024
 
         def calls(kernel):
@@ -146,8 +165,14 @@ class FakeBackend:
             graph = [lambda k=kernel: FAKE_MS["graph", k] * scale] * 3
             if kernel == FLA and not self.fla_graph:
                 return KernelCalls(eager=eager, graph=None, graph_note="capture failed: sync")
-            return KernelCalls(eager=eager, graph=graph if "graph" in modes else None,
-                               graph_note="fake")
+            if "graph" not in modes:
+                return KernelCalls(eager=eager)
+            problem = self.stale_replays.get(kernel)
+            check = {"sets": 3, "errors": [0.0, 1.0, 1.0] if problem else [0.0] * 3,
+                     "max_error": 1.0 if problem else 0.0, "tolerance": 5e-2,
+                     "problem": problem}
+            return KernelCalls(eager=eager, graph=None if problem else graph,
+                               graph_note=problem or "fake", replay_check=check)
 
         gen = torch.Generator().manual_seed(shape.tokens)
         reference = torch.randn(shape.tokens, shape.heads, shapes.head_dim, generator=gen)
@@ -186,7 +211,7 @@ class FakeBackend:
             shape.tokens, shape.heads, shapes.head_dim, shape.seqs),
             calls={k: calls(k) for k in kernels}, outputs=outputs, check=list,
             release=release, details={"kernel_configs": {
-                k: record(k) for k in kernels if k != FLA}})
+                k: record(k) for k in kernels if k != FLA}}, gate_stats=gate_stats)
 
 
 @pytest.fixture
@@ -195,8 +220,9 @@ def tiny() -> object:
 
 
 def run_fake(tmp_path: Path, shapes, **options):
+    """A run on the fake backend; one gate regime (long-memory) unless ``gates`` says."""
     backend = options.pop("backend", None) or FakeBackend()
-    options = {"reps": 11, "warmup": 1, **options}
+    options = {"reps": 11, "warmup": 1, "gates": [LONG_MEMORY], **options}
     bench = Bench(shapes, backend=backend, out_dir=tmp_path,
                   command_line=["kdabench", "bench"], created_at="2026-12-02T12:00:00Z",
                   **options)
@@ -206,12 +232,27 @@ def run_fake(tmp_path: Path, shapes, **options):
 # --------------------------------------------------------------------------- shapes file
 
 
-def test_default_shapes_are_the_issue_table():
+def test_default_shapes_are_the_nine_bench_shapes():
     shapes = load_shapes(None)
     assert [s.label for s in shapes.shapes] == [
         "8192x8x1", "8192x8x(4x2048)", "8192x32x1", "8192x64x1", "16384x16x1", "32768x8x1",
         "65536x8x1", "65536x32x1", "32768x8x(64x512)"]
     assert (shapes.head_dim, shapes.lower_bound, shapes.origin) == (128, -5.0, "default")
+    assert shapes.set_name == "default" and load_shapes("default") == shapes
+
+
+def test_the_quick_set_is_three_of_the_default_shapes(tmp_path):
+    quick, default = load_shapes("quick"), load_shapes(None)
+    assert [s.label for s in quick.shapes] == ["8192x8x1", "65536x8x1", "32768x8x(64x512)"]
+    assert set(quick.shapes) <= set(default.shapes) and quick.set_name == "quick"
+    assert (quick.head_dim, quick.lower_bound, quick.seed) == (default.head_dim,
+                                                               default.lower_bound, default.seed)
+    mine = tmp_path / "mine.toml"
+    mine.write_text(TINY_SHAPES)
+    assert load_shapes(mine).set_name is None and load_shapes(str(mine)).name == "tiny"
+    with pytest.raises(ShapesError, match="quik: no such shapes file, nor a packaged set "
+                       r"\(default, quick\)"):
+        load_shapes("quik")
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -250,6 +291,182 @@ def test_missing_shapes_file(tmp_path):
         load_shapes(tmp_path)
 
 
+# --------------------------------------------------------------------------- gate regimes
+
+STATS_TOML = """
+schema = "kdabench.gate-stats.v1"
+name = "layer-3"
+mean = [-0.01, -1.0, -3.0, -8.0]
+std = [0.0, 0.5, 1.0, 2.0]
+"""
+
+
+def test_the_regimes_draw_g_and_nothing_else():
+    from kdabench.inputs import make_inputs
+
+    shapes = parse_shapes(TINY_SHAPES.replace("head_dim = 64", "head_dim = 64\nseed = 7"))
+    shape = BenchShape(4096, 2, 4)
+    usual = make_inputs(shape.lengths, 2, 64, seed=7)
+    slow, slow_stats = draw_inputs(shape, shapes, GateRegime(LONG_MEMORY, LONG_MEMORY), "cpu")
+    fast, fast_stats = draw_inputs(shape, shapes, GateRegime(FAST_DECAY, FAST_DECAY), "cpu")
+    for name in ("q", "k", "v", "beta", "initial_state", "cu_seqlens"):
+        assert torch.equal(getattr(fast, name), getattr(usual, name)), name
+    assert torch.equal(slow.g, usual.g) and not torch.equal(fast.g, usual.g)
+    assert fast.gate == "precomputed" and fast.g.dtype == torch.float32
+    assert fast_stats["mean"] == pytest.approx(-2.5, abs=0.02)  # -5 * E[sigmoid(z)] = -2.5
+    assert -5.0 < fast_stats["min"] < fast_stats["max"] < 0
+    assert fast_stats == pytest.approx({"mean": float(fast.g.double().mean()),
+                                        "min": float(fast.g.min()), "max": float(fast.g.max())})
+    assert slow_stats["mean"] > -1.5  # half the channels slow
+    slow_channels = (usual.g.mean(0) > -0.5).float().mean()
+    assert 0.4 < slow_channels < 0.75
+
+
+def test_a_gate_stats_file_draws_per_channel_and_clips(tmp_path):
+    path = tmp_path / "model.toml"
+    path.write_text(STATS_TOML)
+    regime = load_gate_stats(path)
+    assert (regime.name, regime.kind, regime.file) == ("layer-3", "file", "model.toml")
+    assert regime.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    g = regime.draw(20000, 1, 4, -5.0, seed=1)
+    assert float(g.max()) <= 0 and float(g.min()) >= -5.0
+    assert torch.all(g[:, 0, 0] == -0.01)  # std 0: the mean itself
+    assert float(g[:, 0, 1].mean()) == pytest.approx(-1.0, abs=0.02)
+    assert float(g[:, 0, 1].std()) == pytest.approx(0.5, abs=0.02)
+    assert float((g[:, 0, 3] == -5.0).float().mean()) > 0.9  # N(-8, 2) clipped to the bound
+    record = regime.record(3, statistics=True)
+    assert record == {"name": "layer-3", "kind": "file", "formula": record["formula"],
+                      "seed": 3, "file": "model.toml", "sha256": regime.sha256,
+                      "mean": [-0.01, -1.0, -3.0, -8.0], "std": [0.0, 0.5, 1.0, 2.0]}
+    assert "mean" not in regime.record(3) and str(tmp_path) not in str(record)
+    as_json = tmp_path / "model.json"
+    as_json.write_text(json.dumps({"schema": "kdabench.gate-stats.v1", "mean": [-1.0],
+                                   "std": [0.1]}))
+    from_json = load_gate_stats(as_json)
+    assert (from_json.name, from_json.mean, from_json.std) == ("model", (-1.0,), (0.1,))
+
+
+@pytest.mark.parametrize("text, fragment", [
+    (STATS_TOML.replace("gate-stats.v1", "gate-stats.v0"), "schema must be"),
+    (STATS_TOML + "bias = 1\n", "unknown key(s) bias"),
+    (STATS_TOML.replace("std = [0.0, 0.5, 1.0, 2.0]", "std = [0.5]"),
+     "mean has 4 channels and std 1"),
+    (STATS_TOML.replace("-0.01,", "0.2,"), "mean must be <= 0"),
+    (STATS_TOML.replace("0.0, 0.5", "-0.1, 0.5"), "std must be >= 0"),
+    (STATS_TOML.replace("std = [0.0, 0.5, 1.0, 2.0]", 'std = "wide"'),
+     "std must be a non-empty list of finite numbers"),
+    (STATS_TOML.replace("std = [0.0, 0.5, 1.0, 2.0]", "std = [nan, 1.0, 1.0, 1.0]"),
+     "std must be a non-empty list of finite numbers"),
+    (STATS_TOML.replace('"layer-3"', '"fast-decay"'), "name must be"),
+    (STATS_TOML.replace('"layer-3"', '"a b"'), "name must be"),
+    ("mean = [", "TOML syntax error"),
+], ids=["schema", "unknown", "lengths", "positive-mean", "negative-std", "not-a-list", "nan",
+        "builtin-name", "bad-name", "syntax"])
+def test_bad_gate_stats_files_are_refused(tmp_path, text, fragment):
+    path = tmp_path / "stats.toml"
+    path.write_text(text)
+    with pytest.raises(BenchError) as caught:
+        load_gate_stats(path)
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+    assert str(caught.value).startswith(f"--gates {path}: ")
+
+
+def test_gate_names_and_files_parse_in_order(tmp_path):
+    path = tmp_path / "model.toml"
+    path.write_text(STATS_TOML)
+    assert [r.name for r in parse_gates([FAST_DECAY, str(path), FAST_DECAY])] == [
+        FAST_DECAY, "layer-3"]
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{")
+    copy = tmp_path / "copy.toml"
+    copy.write_text(STATS_TOML)  # the same name inside
+    for items, fragment in (([], "got nothing"), (["slow"], "'slow' is neither a regime"),
+                            ([str(tmp_path / "absent.toml")], "no such gate-stats file"),
+                            ([str(bad_json)], "not JSON"),
+                            ([str(path), str(copy)], "two regimes are named 'layer-3'")):
+        with pytest.raises(BenchError, match=re.escape(fragment)):
+            parse_gates(items)
+
+
+def test_a_gate_stats_file_must_have_head_dim_channels(tmp_path, tiny):
+    path = tmp_path / "model.toml"
+    path.write_text(STATS_TOML)
+    with pytest.raises(BenchError, match="--gates model.toml: 4 channels, but the shapes have "
+                       "head_dim 64"):
+        Bench(tiny, backend=FakeBackend(), gates=[str(path)])
+
+
+def test_every_shape_runs_under_every_regime(tmp_path, tiny):
+    path = tmp_path / "model.toml"
+    channels = ", ".join(["-0.5"] * 64)
+    path.write_text(f'schema = "kdabench.gate-stats.v1"\nmean = [{channels}]\n'
+                    f'std = [{", ".join(["0.25"] * 64)}]\n')
+    backend = FakeBackend()
+    result = run_fake(tmp_path / "out", tiny, backend=backend,
+                      gates=[LONG_MEMORY, FAST_DECAY, str(path)])
+    assert result.ok and verify_file(result.receipt_path).ok
+    assert backend.gates == [LONG_MEMORY, FAST_DECAY, "model"] * 2
+    assert [(c["id"], c["index"]) for c in result.cases] == [
+        ("64x1x(2x32)/long-memory", 0), ("64x1x(2x32)/fast-decay", 1), ("64x1x(2x32)/model", 2),
+        ("128x2x1/long-memory", 3), ("128x2x1/fast-decay", 4), ("128x2x1/model", 5)]
+    receipt = load_receipt(result.receipt_path)
+    config = receipt["config"]
+    assert [r["name"] for r in config["gates"]] == [LONG_MEMORY, FAST_DECAY, "model"]
+    assert config["gates"][1]["formula"] == "g = lower_bound * sigmoid(z), z ~ N(0, 1) per element"
+    assert config["gates"][2]["file"] == "model.toml" and config["gates"][2]["mean"][0] == -0.5
+    assert config["gates"][2]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert all(r["seed"] == 0 for r in config["gates"]) and config["shape_set"] == "file"
+    fast = receipt["cases"][1]
+    assert fast["shape"] == "64x1x(2x32)" and fast["gates"]["name"] == FAST_DECAY
+    assert -5 < fast["gates"]["measured"]["min"] < fast["gates"]["measured"]["mean"] < \
+        fast["gates"]["measured"]["max"] < 0
+    model = receipt["cases"][2]["gates"]
+    assert model["measured"]["mean"] == pytest.approx(-0.5, abs=0.05) and "mean" not in model
+    summary = config["bench_summary"]
+    assert (summary["cases"], summary["shapes"]) == (6, 2)
+    assert list(result.summary["per_gates"]) == [LONG_MEMORY, FAST_DECAY, "model"]
+    assert summary == sanitize(result.summary)
+    assert summary["per_gates"][FAST_DECAY]["cases"] == 2
+    assert set(summary["per_gates"][FAST_DECAY]["per_mode"]["graph"]["ratio_by_shape"]) == {
+        "64x1x(2x32)/fast-decay", "128x2x1/fast-decay"}
+    assert len(summary["per_mode"]["graph"]["ratio_by_shape"]) == 6
+    assert [p.name.removeprefix(result.receipt_path.stem) for p in result.plots] == [
+        f"-{mode}-{regime}.png" for mode in ("eager", "graph")
+        for regime in (LONG_MEMORY, FAST_DECAY, "model")]
+    shown = result.to_dict()
+    assert shown["gates"] == [LONG_MEMORY, FAST_DECAY, "model"]
+    assert shown["shapes"][1]["id"] == "64x1x(2x32)/fast-decay"
+    assert shown["shapes"][1]["gates"] == FAST_DECAY
+
+
+def test_the_default_runs_both_built_in_regimes(tmp_path, tiny):
+    bench = Bench(tiny, backend=FakeBackend(), out_dir=tmp_path)
+    assert [r.name for r in bench.gates] == [LONG_MEMORY, FAST_DECAY]
+    assert [c.id for c in bench.cases][:2] == ["64x1x(2x32)/long-memory",
+                                               "64x1x(2x32)/fast-decay"]
+
+
+def test_compare_pairs_a_receipt_without_regimes_with_long_memory_cases(tmp_path, tiny):
+    """A bench receipt made before gate regimes ran long-memory's inputs under case ids
+    without a regime: compare pairs them with the long-memory cases of a newer one."""
+    new = run_fake(tmp_path / "new", tiny, plot=False, gates=[LONG_MEMORY, FAST_DECAY])
+    doc = load_receipt(new.receipt_path)
+    cases = [{k: v for k, v in c.items() if k != "gates"} | {"id": c["shape"]}
+             for c in doc["cases"] if c["gates"]["name"] == LONG_MEMORY]
+    old_path = tmp_path / "old.json"
+    old_path.write_bytes(render_receipt(seal({**doc, "cases": cases,
+                                              "config": {k: v for k, v in doc["config"].items()
+                                                         if k != "gates"}})))
+    comparison = compare_paths(old_path, new.receipt_path)
+    verdicts = {c.id: c.verdict for c in comparison.cases}  # BASE's ids where it has the case
+    assert verdicts["64x1x(2x32)"] == verdicts["128x2x1"] == "unchanged"
+    assert verdicts["64x1x(2x32)/fast-decay"] != "unchanged"  # only in the newer receipt
+    assert len(verdicts) == 4
+    again = run_fake(tmp_path / "again", tiny, plot=False, gates=[LONG_MEMORY, FAST_DECAY])
+    assert {c.verdict for c in compare_paths(new.receipt_path, again.receipt_path).cases} == {
+        "unchanged"}
+
+
 # --------------------------------------------------------------------------- the two numbers
 
 
@@ -285,10 +502,10 @@ def test_ratio_overhead_and_summary_math():
     assert metrics["export_overhead"]["eager"] == 0.0
     assert modes["graph"][KDABENCH]["tokens_per_s"] == pytest.approx(8192 / 1e-3)
     assert modes["graph"][KDABENCH]["to_floor"] == 2.0
-    cases = [{"shape": "a", **metrics, "modes": modes},
-             {"shape": "b", "ratio_fla_over_kdabench": {"graph": 1.0},
+    cases = [{"id": "a", "shape": "a", **metrics, "modes": modes},
+             {"id": "b", "shape": "b", "ratio_fla_over_kdabench": {"graph": 1.0},
               "export_overhead": {"graph": 0.05}, "modes": {"graph": {KDABENCH: {"to_floor": 4}}}},
-             {"shape": "c", "ratio_fla_over_kdabench": {"graph": 2.0},
+             {"id": "c", "shape": "c", "ratio_fla_over_kdabench": {"graph": 2.0},
               "export_overhead": {"graph": "nan"}, "modes": {}}]
     summary = summarize(cases, ["graph", "eager"])["per_mode"]
     assert summary["graph"]["median_ratio_fla_over_kdabench"] == 2.0
@@ -310,10 +527,10 @@ def test_policy_gain_is_the_baseline_over_kdabench():
     assert policy_metrics(modes, {**configs, KDABENCH_BASELINE: configs[KDABENCH]})[
         "same_config"] is True
     assert policy_metrics(modes, None)["same_config"] is None
-    cases = [{"shape": "a", **metrics},
-             {"shape": "b", "policy_gain": {"graph": 0.9}, "same_config": True},
-             {"shape": "c", "policy_gain": {"graph": 1.5}, "same_config": False},
-             {"shape": "d", "verdict": "error"}]
+    cases = [{"id": "a", "shape": "a", **metrics},
+             {"id": "b", "shape": "b", "policy_gain": {"graph": 0.9}, "same_config": True},
+             {"id": "c", "shape": "c", "policy_gain": {"graph": 1.5}, "same_config": False},
+             {"id": "d", "shape": "d", "verdict": "error"}]
     summary = summarize(cases, ["graph", "eager"], baseline=True)
     graph = summary["per_mode"]["graph"]
     assert graph["median_policy_gain"] == pytest.approx(1.2)
@@ -363,8 +580,9 @@ def test_pipeline_writes_a_receipt_report_reads(tmp_path, tiny):
     points = {p.kernel: p for p in bench_points(case)}
     assert set(points) == {FLA, KDABENCH, KDABENCH_C1}
     assert points[KDABENCH].tokens == 64 and points[KDABENCH].floor_ms == case["floor_ms"]
-    assert [p.name for p in result.plots] == [f"{result.receipt_path.stem}-eager.png",
-                                              f"{result.receipt_path.stem}-graph.png"]
+    assert [p.name for p in result.plots] == [
+        f"{result.receipt_path.stem}-eager-long-memory.png",
+        f"{result.receipt_path.stem}-graph-long-memory.png"]
     for path in result.plots:
         assert matplotlib.image.imread(path).shape[0] > 100
     report = build_report([result.receipt_path], tmp_path / "report")
@@ -528,6 +746,29 @@ def test_fla_call_passes_the_documented_arguments():
     assert seen["use_graph"] and seen["max_num_seqs"] == 2
 
 
+def test_every_fla_call_of_a_shape_passes_one_cu_seqlens_object():
+    # fla caches what it derives from cu_seqlens by object identity, four entries deep; a graph
+    # captured on a hit reads freed memory once the entry is evicted (fla_call's docstring)
+    from kdabench.inputs import make_inputs
+
+    sets = bench_cuda.rotated_sets(make_inputs([16, 32], 2, 64, seed=1), 3)
+    cu = bench_cuda.fla_cu_seqlens(sets)
+    assert cu.dtype == torch.int64 and cu.tolist() == [0, 16, 48]
+    passed = []
+
+    def chunk_kda(q, k, v, g, beta, **kwargs):
+        passed.append(kwargs["cu_seqlens"])
+        return v.clone(), kwargs["initial_state"]
+
+    for x in sets:
+        bench_cuda.fla_call(chunk_kda, x, cu_seqlens=cu)()
+        bench_cuda.fla_call(chunk_kda, x, graph_mode=True, cu_seqlens=cu)()
+    assert len(passed) == 6 and all(t is cu for t in passed)
+    other = make_inputs([24, 24], 2, 64, seed=1)
+    with pytest.raises(ValueError, match="share their cu_seqlens"):
+        bench_cuda.fla_cu_seqlens([sets[0], other])
+
+
 def test_fake_timer_median_is_nominal():
     samples = fake_timer([lambda: 2.0] * 3, 0, 11)
     assert statistics.median(samples) == 2.0
@@ -678,6 +919,7 @@ def test_kdabench_runs_plan_under_the_policy_mode():
 def test_cuda_backend_records_what_its_plans_resolved(tiny):
     backend = bench_cuda.CudaBackend()
     prepared = backend.prepare(tiny.shapes[0], tiny, [KDABENCH, KDABENCH_C1], ["eager"],
+                               gates=GateRegime(LONG_MEMORY, LONG_MEMORY),
                                policy_mode="HEURISTIC_ONLY")
     try:
         resolved = prepared.details["kernel_configs"]
@@ -693,7 +935,8 @@ def test_cuda_backend_records_what_its_plans_resolved(tiny):
 def test_cuda_backend_plans_the_baseline_under_its_own_mode(tiny):
     backend = bench_cuda.CudaBackend()
     prepared = backend.prepare(tiny.shapes[0], tiny, [KDABENCH, KDABENCH_BASELINE],
-                               ["eager", "graph"], policy_mode="AUTO",
+                               ["eager", "graph"], gates=GateRegime(FAST_DECAY, FAST_DECAY),
+                               policy_mode="AUTO",
                                baseline_policy="HEURISTIC_ONLY")
     try:
         resolved = prepared.details["kernel_configs"]
@@ -710,53 +953,134 @@ def test_cuda_backend_plans_the_baseline_under_its_own_mode(tiny):
 
 
 class FakeGraph:
-    """A graph whose replay writes `value` into the captured output (as a real replay would)."""
+    """A graph whose replay writes `values` into the captured tensors (as a real replay
+    would); a None value leaves its tensor as it is."""
 
-    def __init__(self, output: torch.Tensor, value: torch.Tensor | None):
-        self.output, self.value = output, value
+    def __init__(self, written, values):
+        self.written, self.values = written, values
 
     def replay(self) -> None:
-        if self.value is not None:
-            with torch.inference_mode():  # a real replay bypasses autograd altogether
-                self.output.copy_(self.value)
+        with torch.inference_mode():  # a real replay bypasses autograd altogether
+            for tensor, value in zip(self.written, self.values, strict=True):
+                if value is not None:
+                    tensor.copy_(value)
 
 
 @pytest.mark.parametrize(("replayed", "ok"), [("same", True), ("nothing", False),
-                                              ("other", False)])
+                                              ("other", False), ("no-final", False)])
 @pytest.mark.parametrize("inference", [False, True], ids=["normal", "inference-tensor"])
 def test_a_graph_replay_must_reproduce_the_eager_output(replayed, ok, inference):
-    eager = torch.randn(8, 4)
+    output, final = torch.randn(8, 4), torch.randn(2, 3)
     with torch.inference_mode(inference):  # fla's outputs are inference tensors
-        captured = (torch.randn(8, 4), torch.zeros(2))  # (o, final) as fla returns them
-    value = {"same": eager, "nothing": None, "other": eager * 1.01}[replayed]
-    problem = bench_cuda.replay_problem(FakeGraph(captured[0], value), captured,
-                                        lambda: (eager.clone(), torch.zeros(2)))
-    assert (problem is None) == ok
-    if not ok:
-        assert "graph replay output differs from an eager call" in problem
+        captured = (torch.randn(8, 4), torch.randn(2, 3))  # (o, final) as fla returns them
+    values = {"same": (output, final), "nothing": (None, None),
+              "other": (output * 1.1, final), "no-final": (output, None)}[replayed]
+    error = bench_replay.replay_error(FakeGraph(captured, values), captured,
+                                      lambda: (output.clone(), final.clone()))
+    assert (error <= SANITY_TOLERANCE) == ok
+    assert error == (0.0 if ok else pytest.approx(0.1) if replayed == "other" else 1.0)
+
+
+def test_every_input_sets_replay_is_checked():
+    """A stale graph (one that replays set 0's work) is caught on the set it stands for."""
+    sets = [torch.randn(6, 2) for _ in range(3)]
+    captured = [(torch.zeros(6, 2),) for _ in sets]
+    graphs = [FakeGraph(captured[0], (sets[0],)), FakeGraph(captured[1], (sets[1],)),
+              FakeGraph(captured[2], (sets[0],))]  # set 2's graph replays set 0's result
+    eager = [(lambda x=x: (x.clone(),)) for x in sets]
+    check = bench_replay.check_replays(list(zip(graphs, captured, strict=True)), eager)
+    assert check["sets"] == 3 and check["errors"][:2] == [0.0, 0.0]
+    assert check["errors"][2] > 1 and check["max_error"] == check["errors"][2]
+    assert check["tolerance"] == SANITY_TOLERANCE
+    assert check["problem"].startswith("graph replay of input set(s) 2 of 3 differs from an "
+                                       "eager call on the same set")
+    good = bench_replay.check_replays(list(zip(graphs[:2], captured[:2], strict=True)),
+                                      eager[:2])
+    assert good["problem"] is None and good["max_error"] == 0.0
+
+
+def test_a_stale_graph_replay_fails_the_case(tmp_path, tiny):
+    problem = "graph replay of input set(s) 1, 2 of 3 differs from an eager call"
+    result = run_fake(tmp_path, tiny, backend=FakeBackend(stale_replays={FLA: problem}),
+                      plot=False)
+    assert {c["verdict"] for c in result.cases} == {"fail"}
+    case = result.cases[0]
+    assert f"fla: {problem}" in case["message"] and "no graph column" not in case["message"]
+    assert FLA not in case["modes"]["graph"] and FLA in case["modes"]["eager"]
+    assert case["graph_checks"][FLA]["problem"] == problem
+    assert case["graph_checks"][KDABENCH] == {"sets": 3, "errors": [0.0] * 3, "max_error": 0.0,
+                                              "tolerance": 5e-2, "problem": None}
+    assert "graph_checks" in result.receipt["config"]["definitions"]
+    eager_only = run_fake(tmp_path / "eager", tiny, modes=["eager"], plot=False,
+                          backend=FakeBackend(stale_replays={FLA: problem}))
+    assert eager_only.ok and "graph_checks" not in eager_only.cases[0]
+
+
+class RunGraph:
+    """A stand-in for a captured kdabench run: its replay runs ``binding`` eagerly."""
+
+    def __init__(self, kernels, binding):
+        self.kernels, self.binding = kernels, binding
+
+    def replay(self) -> None:
+        self.kernels.run(self.binding)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the kernels under the interpreter")
+def test_kdabench_replays_are_checked_on_output_and_written_pool_slots():
+    """What the CUDA backend checks per input set: the output and the pool slots a run writes
+    (final states, checkpoints); a graph standing in for another set's run is caught."""
+    from kdabench import kernels
+    from kdabench.inputs import make_inputs
+
+    shape = BenchShape(64, 1, 2)
+    sets = bench_cuda.rotated_sets(make_inputs(shape.lengths, 1, 64, seed=5), 3)
+    _, runs = bench_cuda.kdabench_runs(kernels, sets, shape, 4, torch.device("cpu"))
+    first = runs[0]
+    assert kernels.run(first.binding).o.data_ptr() == first.binding.out.data_ptr()
+    assert first.written.data_ptr() == first.pool[2].data_ptr()  # slots N.. of N = 2
+    assert first.written.shape[0] == 2 + 4 * 2 and first.written.abs().sum() > 0
+    eager = [(lambda run=run: (kernels.run(run.binding).o, run.written)) for run in runs]
+    written = [(run.binding.out, run.written) for run in runs]
+    good = bench_replay.check_replays(
+        [(RunGraph(kernels, run.binding), out) for run, out in zip(runs, written, strict=True)],
+        eager)
+    assert good["problem"] is None and good["max_error"] < 1e-6
+    stale = bench_replay.check_replays(
+        [(RunGraph(kernels, runs[0].binding), out) for out in written], eager)
+    assert stale["errors"][0] < 1e-6 and min(stale["errors"][1:]) == 1.0  # left zeroed
+    assert stale["problem"].startswith("graph replay of input set(s) 1, 2 of 3")
+    assert torch.equal(first.pool[:2], sets[0].initial_state)  # the initial states untouched
 
 
 @pytest.mark.gpu
 def test_real_graphs_pass_the_replay_check_and_an_empty_one_does_not(tiny):
-    """On the GPU: kdabench's captured runs (and fla's, when installed) reproduce an eager call;
-    a graph that captured no work is refused."""
+    """On the GPU: kdabench's captured runs (and fla's, when installed) reproduce an eager call
+    on every input set, under both built-in gate regimes; a graph that captured no work is
+    refused."""
     modes = ["eager", "graph"]
     backend = bench_cuda.CudaBackend()
     kernels = [KDABENCH] if backend.fla_unavailable() else [KDABENCH, FLA]
-    prepared = backend.prepare(tiny.shapes[0], tiny, kernels, modes)
-    try:
-        for name in kernels:
-            calls = prepared.calls[name]
-            assert calls.graph is not None, calls.graph_note
-            assert "replay checked" in calls.graph_note
-        eager = prepared.calls[KDABENCH].eager[0]
-        output = eager().o
-        empty = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(empty):
-            pass
-        assert "differs from an eager call" in bench_cuda.replay_problem(empty, output, eager)
-    finally:
-        prepared.release()
+    for name in (LONG_MEMORY, FAST_DECAY):
+        prepared = backend.prepare(tiny.shapes[0], tiny, kernels, modes,
+                                   gates=GateRegime(name, name))
+        try:
+            for kernel in kernels:
+                calls = prepared.calls[kernel]
+                assert calls.graph is not None, calls.graph_note
+                assert "every replay checked" in calls.graph_note
+                check = calls.replay_check
+                assert check["problem"] is None and check["sets"] == prepared.input_sets
+                assert len(check["errors"]) == prepared.input_sets
+            eager = prepared.calls[KDABENCH].eager[0]
+            output = eager().o
+            empty = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(empty):
+                pass
+            assert bench_replay.replay_error(empty, (output,),
+                                             lambda call=eager: (call().o,)) == 1.0
+        finally:
+            prepared.release()
 
 
 # --------------------------------------------------------------------------- kernel backends
@@ -769,11 +1093,11 @@ def test_backend_ratios_are_fla_and_kdabench_over_the_backend():
     ratios = backend_metrics(modes, [CUTE])["backend_ratios"][CUTE]
     assert ratios["ratio_fla_over"] == {"graph": 3.0, "eager": None}
     assert ratios["ratio_kdabench_over"] == {"graph": 1.5, "eager": None}
-    cases = [{"shape": "a", "backend_ratios": {CUTE: ratios},
+    cases = [{"id": "a", "shape": "a", "backend_ratios": {CUTE: ratios},
               "modes": {"graph": {CUTE: {"to_floor": 2.0}}}},
-             {"shape": "b", "backend_ratios": {CUTE: {"ratio_fla_over": {"graph": 1.0},
+             {"id": "b", "shape": "b", "backend_ratios": {CUTE: {"ratio_fla_over": {"graph": 1.0},
                                                       "ratio_kdabench_over": {"graph": 0.5}}}},
-             {"shape": "c", "verdict": "error"}]
+             {"id": "c", "shape": "c", "verdict": "error"}]
     summary = summarize(cases, ["graph", "eager"], backend_kernels=[CUTE])["per_mode"]
     graph = summary["graph"]["backends"][CUTE]
     assert (graph["median_ratio_fla_over"], graph["min_ratio_fla_over"]) == (2.0, 1.0)
@@ -811,7 +1135,8 @@ def test_a_second_backend_is_timed_on_the_same_inputs(tmp_path, tiny):
     graph = config["bench_summary"]["per_mode"]["graph"]["backends"][CUTE]
     assert graph["median_ratio_fla_over"] == pytest.approx(4.0)
     assert graph["median_ratio_kdabench_over"] == pytest.approx(1.6)
-    assert set(graph["ratio_fla_over_by_shape"]) == {"64x1x(2x32)", "128x2x1"}
+    assert set(graph["ratio_fla_over_by_shape"]) == {"64x1x(2x32)/long-memory",
+                                                      "128x2x1/long-memory"}
     shown = result.to_dict()
     assert shown["backends"] == ["triton", "cute"]
     assert shown["shapes"][0]["backend_ratios"][CUTE]["ratio_fla_over"]["graph"] == \
@@ -893,7 +1218,8 @@ def test_cuda_backend_binds_a_further_backend_on_the_same_inputs(tiny):
     if reason:
         pytest.skip(reason)
     prepared = backend.prepare(tiny.shapes[0], tiny, [KDABENCH, CUTE], ["eager", "graph"],
-                               policy_mode="AUTO", backends=["triton", "cute"])
+                               gates=GateRegime(LONG_MEMORY, LONG_MEMORY), policy_mode="AUTO",
+                               backends=["triton", "cute"])
     try:
         resolved = prepared.details["kernel_configs"]
         assert resolved[CUTE]["config_source"].startswith("cute backend, ")
@@ -1059,7 +1385,7 @@ def test_merge_keeps_each_shards_ceilings_and_summarizes_all_shapes(tmp_path, th
     assert [e["config"]["ceilings"]["copy_bytes_per_s"] for e in entries] == [4.0e12, 3.0e12]
     assert entries[1]["config"]["bench_summary"] == second["config"]["bench_summary"]
     assert config["ceilings"] == first["config"]["ceilings"]
-    expected = summarize(merged["cases"], ["eager", "graph"])
+    expected = summarize_by_gates(merged["cases"], ["eager", "graph"], [LONG_MEMORY])
     assert config["bench_summary"] == sanitize(expected)
     assert config["bench_summary"]["shapes"] == 3
     assert config["bench_summary"] != first["config"]["bench_summary"]

@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 
 import matplotlib.image
+import pandas as pd
 import pytest
 
 from kdabench.receipts import (
@@ -23,15 +24,17 @@ from kdabench.receipts import (
     seal,
 )
 from kdabench.report import (
+    COLUMNS,
     ReportError,
     bench_points,
-    bootstrap_ci,
     build_report,
     md_table,
-    receipt_paths,
+    read_receipts,
+    report_table,
     serve_point,
 )
 from kdabench.sources import source_hashes
+from kdabench.stats import bootstrap_ci
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 DEVICE = {
@@ -357,6 +360,36 @@ def test_a_bench_report_names_the_mode_the_export_overhead_and_where_the_time_go
     assert "| 8192x8x1 | fla | 379 | chunk_gated_delta_rule_fwd_kernel_h 193," in text
 
 
+def test_a_bench_report_keeps_each_gate_regime_apart(tmp_path: Path):
+    """Cases of one shape under two gate regimes: a row and a plot per regime, the export
+    overhead of each, and the regime in the cases table."""
+    receipt = builder("bench", {"against": "fla"})
+    for gates, ours, fla, overhead in (("long-memory", 0.40, 0.42, 0.021),
+                                       ("fast-decay", 0.20, 0.41, 0.034)):
+        kernels = {name: {"median_ms": ms, "samples_ms": samples_around(ms, 20, 0.02, 3)}
+                   for name, ms in (("kdabench", ours), ("fla", fla))}
+        receipt.add_case({
+            "id": f"8192x8x1/{gates}", "verdict": "pass", "shape": "8192x8x1", "T": 8192,
+            "H": 8, "seqs": 1, "gates": {"name": gates}, "modes": {"graph": kernels},
+            "primary_mode": "graph", "kernels": kernels, "floor_ms": 0.024,
+            "export_overhead": {"graph": overhead}})
+    path = receipt.write(tmp_path / receipt.filename())
+    result = build_report([path], tmp_path / "out")
+    text = result.markdown_path.read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines()
+            if line.startswith(("| long-memory | 8192x8x1", "| fast-decay | 8192x8x1"))}
+    assert set(rows) == {"long-memory", "fast-decay"}
+    assert "1.05x" in rows["long-memory"] and rows["long-memory"].rstrip(" |").endswith("+2.1%")
+    assert "2.05x" in rows["fast-decay"] and rows["fast-decay"].rstrip(" |").endswith("+3.4%")
+    assert sorted(plot.stem.rsplit("-time-", 1)[1] for plot in result.plots) == [
+        "fast-decay", "long-memory"]
+    for plot in result.plots:
+        assert_real_image(plot)
+    table = report_table([path]).set_index("case")
+    assert table.loc["8192x8x1/fast-decay"].gates == "fast-decay"
+    assert table.loc["8192x8x1/long-memory"].gates == "long-memory"
+
+
 def test_a_bench_report_without_breakdown_or_overhead_leaves_them_out(tmp_path: Path):
     text = build_report([bench_receipt(tmp_path)], tmp_path / "out").markdown_path.read_text(
         encoding="utf-8")
@@ -365,14 +398,6 @@ def test_a_bench_report_without_breakdown_or_overhead_leaves_them_out(tmp_path: 
 
 
 # --------------------------------------------------------------------------- serve-sweep
-
-
-def test_bootstrap_ci_is_seeded_and_brackets_the_median():
-    samples = samples_around(900.0, 9, 0.05, 3)
-    low, high = bootstrap_ci(samples)
-    assert (low, high) == bootstrap_ci(samples)
-    assert low <= statistics.median(samples) <= high
-    assert high - low < 0.3 * statistics.median(samples)
 
 
 def test_serve_point_reads_nested_and_flat_fields():
@@ -511,6 +536,89 @@ def test_sources_that_differ_from_the_tree_in_hand_are_noted(tmp_path: Path):
     assert result.unverified == []  # other sources are a note, not a failed verification
 
 
+# --------------------------------------------------------------------------- the cases table
+
+
+TABLE_COLUMNS = ["receipt", "kind", "backend", "device", "verified", "case", "verdict",
+                 "scenario", "arm", "kernel", "mode", "gates", "tokens", "seqs", "heads",
+                 "head_dim", "prompt_tokens", "median_ms", "ci_low_ms", "ci_high_ms", "n_samples"]
+
+
+def test_the_table_has_a_row_per_case_per_receipt_and_the_documented_columns(tmp_path: Path):
+    folder = tmp_path / "receipts"
+    paths = [qualify_receipt(folder), bench_receipt(folder), serve_receipt(folder),
+             unknown_kind_receipt(folder)]
+    table = report_table([folder])
+    assert list(table.columns) == TABLE_COLUMNS == list(COLUMNS)
+    assert table.groupby("receipt").size().to_dict() == {
+        path.name: len(case_ids(path)) for path in paths}
+    for path in paths:
+        rows = table[table.receipt == path.name]
+        assert list(rows.case) == case_ids(path)
+    assert set(table.kind) == {"qualify", "bench", "serve-sweep", "soak"}
+    assert table.verified.all() and set(table.device) == {"NVIDIA H200"}
+
+
+def test_table_rows_carry_each_kinds_fields_and_the_bootstrap_of_the_raw_samples(
+        tmp_path: Path):
+    folder = tmp_path / "receipts"
+    qualify, bench, serve = (qualify_receipt(folder), bench_receipt(folder),
+                             serve_receipt(folder))
+    table = report_table([folder]).set_index("case")
+    cases = {case["id"]: case for path in (qualify, bench, serve)
+             for case in load_receipt(path)["cases"]}
+
+    timed = "accuracy-C4-H32-K128-R8-unaligned-precomputed-lb5"
+    row, samples = table.loc[timed], cases[timed]["samples_ms"]
+    assert (row.kind, row.backend, row.scenario, row.verdict) == (
+        "qualify", "triton", "accuracy", "fail")
+    assert (row.tokens, row.seqs, row.heads, row.head_dim) == (2057, 8, 32, 128)
+    assert row.median_ms == statistics.median(samples) and row.n_samples == 15
+    assert (row.ci_low_ms, row.ci_high_ms) == bootstrap_ci(samples)
+    untimed = table.loc["contract-plan-refuses-capacity-3"]
+    assert untimed.n_samples == 0 and untimed[["median_ms", "ci_low_ms"]].isna().all()
+
+    fla = table.loc["fla-8192x32x1"]  # a bench case per kernel: that kernel's samples
+    assert (fla.kernel, fla.tokens, fla.heads, fla.n_samples) == ("fla", 8192, 32, 50)
+    assert fla.median_ms == statistics.median(cases["fla-8192x32x1"]["samples_ms"])
+    mapped = table.loc["shape-8192x8x4x2048"]  # per-kernel mapping: kdabench's samples
+    assert (mapped.kernel, mapped.n_samples) == ("kdabench", 50)
+    assert mapped.median_ms == statistics.median(
+        cases["shape-8192x8x4x2048"]["kernels"]["kdabench"]["samples_ms"])
+
+    cold = table.loc["cold/baseline/16384"]  # its receipt records an interval of seed 1
+    samples = cases["cold/baseline/16384"]["samples_ms"]
+    assert (cold.scenario, cold.arm, cold.prompt_tokens, cold.n_samples) == (
+        "cold-ttft", "baseline", 16384, 7)
+    assert pd.isna(cold.backend)
+    assert (cold.ci_low_ms, cold.ci_high_ms) == bootstrap_ci(samples)
+    decode = table.loc["decode/baseline"]
+    assert decode.scenario == "decode" and pd.isna(decode.median_ms) and decode.n_samples == 0
+
+
+def test_a_committed_bench_receipt_is_tabled_by_its_first_backends_kernel():
+    path = RESULTS / "bench-nvidia-h200-20261203T061909.json"
+    doc = load_receipt(path)
+    table = report_table([path])
+    assert list(table.case) == [case["id"] for case in doc["cases"]]
+    first = doc["cases"][0]
+    samples = first["modes"][first["primary_mode"]]["kdabench"]["samples_ms"]
+    row = table.iloc[0]
+    assert (row.receipt, row.backend, row.kernel, row["mode"]) == (
+        path.name, "triton", "kdabench", first["primary_mode"])
+    assert row.n_samples == len(samples) and row.median_ms == statistics.median(samples)
+
+
+def test_the_table_marks_an_unverified_receipt_or_refuses_it(tmp_path: Path):
+    good, bad = qualify_receipt(tmp_path / "a"), qualify_receipt(tmp_path / "b")
+    tamper(bad)
+    table = report_table([good, bad])
+    assert table.groupby("verified").size().to_dict() == {
+        True: len(case_ids(good)), False: len(case_ids(bad))}
+    with pytest.raises(ReportError, match="refusing 1 receipt"):
+        report_table([good, bad], require_verified=True)
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -519,7 +627,7 @@ def test_inputs_that_are_not_readable_receipts_raise_report_error(tmp_path: Path
         build_report([tmp_path / "absent.json"], tmp_path / "out")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ReportError, match="no \\*.json receipt"):
-        receipt_paths([tmp_path / "empty"])
+        read_receipts([tmp_path / "empty"])
     not_json = tmp_path / "notes.json"
     not_json.write_text("this is not JSON\n", encoding="utf-8")
     with pytest.raises(ReportError, match="not valid JSON"):
@@ -529,7 +637,7 @@ def test_inputs_that_are_not_readable_receipts_raise_report_error(tmp_path: Path
 
 def test_a_file_named_twice_is_reported_once(tmp_path: Path):
     path = qualify_receipt(tmp_path)
-    assert receipt_paths([path, tmp_path, path]) == [path]
+    assert [receipt.path for receipt in read_receipts([path, tmp_path, path])] == [path]
 
 
 def test_md_table_escapes_pipes_and_folds_newlines():

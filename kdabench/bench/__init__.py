@@ -2,11 +2,15 @@
 chunk_kda, per shape and mode, with the floor measured in the same run, written as a bench
 receipt and plots.
 
-Modules: `shapes` (the shapes file), `work` (bytes, FLOPs, floor), `timing` (the injectable
-timer, graph capture), `breakdown` (the injectable kernel profiler: GPU time per kernel),
-`backend` (what a device provides), `cuda` (the real one), `summary` (per-shape metrics and
-the summary over the shapes), `run` (the runner and receipt), `merge` (joining the shard
-receipts of a sharded run), `plots` (PNGs beside the receipt).
+Modules: `shapes` (the shapes file and the packaged sets), `gates` (the gate regimes: how
+the inputs' log decay is drawn), `options` (the checked options and the cases: shape x gate
+regime), `work` (bytes, FLOPs, floor), `timing` (the injectable timer, graph capture),
+`breakdown` (the injectable kernel profiler: GPU time per kernel), `backend` (what a device
+provides), `cuda` (the real one), `replay` (every graph's replay checked against an eager
+call), `sanity` (outputs against each other), `measure` (one case), `summary` (per-case
+metrics and the summary over the cases), `receipt` (the config and the result), `run` (the
+runner), `merge` (joining the shard receipts of a sharded run), `plots` (PNGs beside the
+receipt).
 """
 
 from kdabench.bench.backend import (
@@ -29,26 +33,47 @@ from kdabench.bench.breakdown import (
     cuda_kernel_profiler,
     short_kernel_name,
 )
-from kdabench.bench.merge import merge_bench_receipts
-from kdabench.bench.run import (
-    AGAINST,
-    SANITY_TOLERANCE,
-    Bench,
-    BenchError,
-    BenchResult,
-    relative_error,
+from kdabench.bench.gates import (
+    DEFAULT_GATES,
+    FAST_DECAY,
+    LONG_MEMORY,
+    GateRegime,
+    draw_inputs,
+    load_gate_stats,
+    parse_gates,
 )
-from kdabench.bench.shapes import BenchShape, ShapesError, ShapeSet, load_shapes, parse_shapes
-from kdabench.bench.summary import backend_metrics, policy_metrics, shape_metrics, summarize
+from kdabench.bench.merge import merge_bench_receipts
+from kdabench.bench.options import AGAINST, BenchCase, BenchError
+from kdabench.bench.receipt import BenchResult
+from kdabench.bench.replay import check_replays
+from kdabench.bench.run import Bench
+from kdabench.bench.sanity import SANITY_TOLERANCE, relative_error
+from kdabench.bench.shapes import (
+    SHAPE_SETS,
+    BenchShape,
+    ShapesError,
+    ShapeSet,
+    load_shapes,
+    parse_shapes,
+)
+from kdabench.bench.summary import (
+    backend_metrics,
+    policy_metrics,
+    shape_metrics,
+    summarize,
+    summarize_by_gates,
+)
 from kdabench.bench.timing import Timer, capture_graph, cuda_event_timer
 from kdabench.bench.work import Ceilings, count_bytes, count_flops, floor
 
 __all__ = [
-    "AGAINST", "DEFAULT_BACKENDS", "FLA", "KDABENCH", "KDABENCH_BASELINE", "KDABENCH_C1",
-    "MODES", "SANITY_TOLERANCE", "Backend", "Bench", "BenchError", "BenchResult", "BenchShape",
-    "Ceilings", "KernelCalls", "Outputs", "Prepared", "Profiler", "ShapeSet", "ShapesError",
-    "Timer", "backend_kernel", "backend_metrics", "breakdown_line", "breakdown_record",
-    "capture_graph", "count_bytes", "count_flops", "cuda_event_timer", "cuda_kernel_profiler",
-    "floor", "load_shapes", "merge_bench_receipts", "parse_shapes", "policy_metrics",
-    "relative_error", "shape_metrics", "short_kernel_name", "summarize",
+    "AGAINST", "DEFAULT_BACKENDS", "DEFAULT_GATES", "FAST_DECAY", "FLA", "KDABENCH",
+    "KDABENCH_BASELINE", "KDABENCH_C1", "LONG_MEMORY", "MODES", "SANITY_TOLERANCE",
+    "SHAPE_SETS", "Backend", "Bench", "BenchCase", "BenchError", "BenchResult", "BenchShape",
+    "Ceilings", "GateRegime", "KernelCalls", "Outputs", "Prepared", "Profiler", "ShapeSet",
+    "ShapesError", "Timer", "backend_kernel", "backend_metrics", "breakdown_line",
+    "breakdown_record", "capture_graph", "check_replays", "count_bytes", "count_flops",
+    "cuda_event_timer", "cuda_kernel_profiler", "draw_inputs", "floor", "load_gate_stats",
+    "load_shapes", "merge_bench_receipts", "parse_gates", "parse_shapes", "policy_metrics",
+    "relative_error", "shape_metrics", "short_kernel_name", "summarize", "summarize_by_gates",
 ]

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kdabench.bench.breakdown import Profiler
 from kdabench.bench.shapes import BenchShape, ShapeSet
 from kdabench.bench.timing import Timer
 from kdabench.bench.work import Ceilings
+
+if TYPE_CHECKING:
+    from kdabench.bench.gates import GateRegime
 
 KDABENCH = "kdabench"
 KDABENCH_C1 = "kdabench-c1"
@@ -38,11 +41,14 @@ def backend_kernel(backend: str) -> str:
 @dataclass
 class KernelCalls:
     """The runs of one kernel at one shape: an eager call per input set and, when captured,
-    a graph replay per input set (``graph`` None: ``graph_note`` says why)."""
+    a graph replay per input set (``graph`` None: ``graph_note`` says why). ``replay_check``
+    (:func:`kdabench.bench.replay.check_replays`): every set's replay against an eager call on
+    that set; with a ``problem`` the graphs are not timed and the case fails."""
 
     eager: list[Callable[[], Any]]
     graph: list[Callable[[], Any]] | None = None
     graph_note: str | None = None
+    replay_check: dict[str, Any] | None = None
 
 
 @dataclass
@@ -56,7 +62,8 @@ class Outputs:
 
 @dataclass
 class Prepared:
-    """A shape made ready: input sets allocated, kernels bound, graphs captured."""
+    """A case made ready: input sets allocated, kernels bound, graphs captured;
+    ``gate_stats``: the mean, min and max of the log decay g drawn (input set 0)."""
 
     input_sets: int
     input_set_bytes: int
@@ -65,6 +72,7 @@ class Prepared:
     check: Callable[[], list[str]]  # problems found after the runs (kernel error codes)
     release: Callable[[], None]
     details: dict[str, Any] = field(default_factory=dict)
+    gate_stats: dict[str, float] = field(default_factory=dict)
 
 
 class Backend(Protocol):
@@ -87,10 +95,12 @@ class Backend(Protocol):
         """Measure the copy bandwidth and the bf16 matmul rate."""
 
     def prepare(self, shape: BenchShape, shapes: ShapeSet, kernels: Sequence[str],
-                modes: Sequence[str], policy_mode: str | None = None,
+                modes: Sequence[str], gates: GateRegime, policy_mode: str | None = None,
                 baseline_policy: str | None = None,
                 backends: Sequence[str] = DEFAULT_BACKENDS) -> Prepared:
-        """Allocate inputs, bind and warm the kernels, capture graphs for ``modes``; the
+        """Allocate inputs (g drawn under the regime ``gates``,
+        :func:`kdabench.bench.gates.draw_inputs`), bind and warm the kernels, capture graphs
+        for ``modes`` and check every replay; the
         kdabench plans resolve their configs under ``policy_mode`` (kdabench-baseline's under
         ``baseline_policy``), on ``backends[0]`` (``kdabench-<backend>`` on its backend), and
         ``details`` carries ``kernel_configs`` = {kernel: kdabench.kernel_records.plan_record}."""

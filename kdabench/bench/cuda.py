@@ -1,8 +1,9 @@
 """The CUDA backend of `kdabench bench`: input sets, the kernels, the two ceilings.
 
-Input sets. Set 0 is :func:`kdabench.inputs.make_inputs` (seeded); set i > 0 is set 0 with
-every token tensor rolled by i * T / n tokens and the initial state negated for odd i (still
-valid samples of the same distribution, at other addresses). There are at least three
+Input sets. Set 0 is :func:`kdabench.bench.gates.draw_inputs` (seeded
+:func:`kdabench.inputs.make_inputs`, g drawn under the case's gate regime); set i > 0 is
+set 0 with every token tensor rolled by i * T / n tokens and the initial state negated for
+odd i (still valid samples of the same distribution, at other addresses). There are at least three
 sets, and enough that together they hold twice the L2 cache, so rotating among them keeps
 the cache from flattering any kernel.
 
@@ -22,9 +23,13 @@ Capacity 4: offsets L/5, 2L/5, 3L/5 + 3, 4L/5 + 3 of each sequence of L tokens; 
 initial_state=S0 [N, H, K, V], output_final_state=True, cu_seqlens=int64, safe_gate=True,
 lower_bound=...)`` under ``torch.inference_mode()``; its graph is captured with
 ``use_graph=True, max_num_seqs=N`` (fla's graph mode), else plainly, else not at all (the
-reason is recorded). Every capture is checked before it is timed: the captured output is zeroed
-and one replay must reproduce an eager call's output (:func:`replay_problem`); a capture that
-does not is refused, with the reason, rather than timed.
+reason is recorded). Every capture is checked before it is timed
+(:func:`kdabench.bench.replay.check_replays`): each input set's graph is replayed once into
+zeroed outputs (kdabench: the output and the pool slots it writes, final states and
+checkpoints; fla: the output and the final state) and must reproduce an eager call on the
+same set. kdabench graphs that do not are refused (the case fails); for fla, a
+``use_graph=True`` capture that does not falls back to the plain capture, and the case fails
+only when that one does not either.
 """
 
 from __future__ import annotations
@@ -51,11 +56,14 @@ from kdabench.bench.backend import (
     backend_kernel,
 )
 from kdabench.bench.breakdown import cuda_kernel_profiler
+from kdabench.bench.gates import GateRegime, draw_inputs
+from kdabench.bench.replay import check_replays
 from kdabench.bench.shapes import BenchShape, ShapeSet
 from kdabench.bench.timing import capture_graph, cuda_event_timer
 from kdabench.bench.work import CHECKPOINTS, Ceilings, count_bytes
-from kdabench.inputs import KdaInputs, make_inputs
+from kdabench.inputs import KdaInputs
 from kdabench.kernel_records import plan_record
+from kdabench.stats import median
 
 DEFAULT_L2_BYTES = 50 * 1024 * 1024
 MIN_INPUT_SETS = 3
@@ -63,7 +71,6 @@ MAX_INPUT_SETS = 32
 COPY_BYTES = 1 << 30  # per side of the ceiling copy
 MATMUL_SIZE = 8192
 CEILING_REPS = 30
-REPLAY_TOLERANCE = 1e-3  # a replay recomputes the eager call on the same inputs
 
 
 def input_set_count(set_bytes: int, l2_bytes: int, minimum: int = MIN_INPUT_SETS) -> int:
@@ -113,6 +120,11 @@ class KdabenchRun:
     pool: torch.Tensor
     final_slots: torch.Tensor
 
+    @property
+    def written(self) -> torch.Tensor:
+        """The pool slots a run writes, final states and checkpoints (a view of the pool)."""
+        return self.pool[self.final_slots.numel():]
+
 
 def kdabench_runs(kernels: Any, sets: Sequence[KdaInputs], shape: BenchShape, capacity: int,
                   device: torch.device, *, config: Any = None, policy_mode: str | None = None,
@@ -157,11 +169,22 @@ def kdabench_runs(kernels: Any, sets: Sequence[KdaInputs], shape: BenchShape, ca
     return plan, runs
 
 
-def fla_call(chunk_kda: Callable, x: KdaInputs, *, graph_mode: bool = False
+AUTOTUNE_CACHE_VARIABLE = "TRITON_CACHE_AUTOTUNING"
+
+
+def fla_call(chunk_kda: Callable, x: KdaInputs, *, graph_mode: bool = False,
+             cu_seqlens: torch.Tensor | None = None
              ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    """A closure calling fla's chunk_kda on ``x`` (initial state transposed to [N, H, K, V])."""
+    """A closure calling fla's chunk_kda on ``x`` (initial state transposed to [N, H, K, V]).
+
+    ``cu_seqlens``: the int64 tensor to pass (default: ``x``'s, converted). fla caches what it
+    derives from cu_seqlens by the tensor's identity, four entries deep (``tensor_cache``); a
+    graph captured on a cache hit refers to memory that the cache frees when the entry is
+    evicted, and a later replay reads whatever took its place. Every fla call of a shape must
+    therefore pass one cu_seqlens object (:func:`fla_cu_seqlens`)."""
     initial = x.initial_state.transpose(-1, -2).contiguous()
-    cu_seqlens = x.cu_seqlens.to(torch.int64)
+    if cu_seqlens is None:
+        cu_seqlens = x.cu_seqlens.to(torch.int64)
     q, k, v, g, beta = (t.unsqueeze(0) for t in (x.q, x.k, x.v, x.g, x.beta))
     extra = {"use_graph": True, "max_num_seqs": cu_seqlens.numel() - 1} if graph_mode else {}
 
@@ -173,33 +196,13 @@ def fla_call(chunk_kda: Callable, x: KdaInputs, *, graph_mode: bool = False
     return call
 
 
-def replay_problem(graph: Any, captured: Any, call: Callable[[], Any],
-                   tolerance: float = REPLAY_TOLERANCE) -> str | None:
-    """None when a replay of ``graph`` rewrites its captured output with what an eager ``call``
-    returns (the first tensor of each); else why not. The captured output is zeroed first, so a
-    graph that skips the work is caught, not timed."""
-    expected = _first_tensor(call()).float().clone()
-    with torch.inference_mode():  # the captured output may be an inference tensor (fla's is)
-        _first_tensor(captured).zero_()
-    graph.replay()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    got = _first_tensor(captured).float()
-    norm = float(expected.norm())
-    error = float((got - expected).norm()) / (norm or 1.0)
-    if error <= tolerance:
-        return None
-    return (f"graph replay output differs from an eager call (relative error {error:.2e} > "
-            f"{tolerance:.0e}): graph timing not taken")
-
-
-def _first_tensor(result: Any) -> torch.Tensor:
-    """The output tensor of a call: the tensor itself or the first element of a tuple."""
-    return result if isinstance(result, torch.Tensor) else result[0]
-
-
 def import_fla() -> tuple[Callable | None, str | None]:
-    """fla's chunk_kda, or None and the reason it cannot be imported."""
+    """fla's chunk_kda, or None and the reason it cannot be imported.
+
+    Before the import, TRITON_CACHE_AUTOTUNING defaults to 1: fla's autotuners (made when fla
+    is imported) then keep their choices in Triton's on-disk cache, so only the first run on
+    a machine pays for autotuning (the receipt's config says whether it was on)."""
+    os.environ.setdefault(AUTOTUNE_CACHE_VARIABLE, "1")
     try:
         from fla.ops.kda import chunk_kda
     except ModuleNotFoundError as error:
@@ -258,7 +261,7 @@ class CudaBackend:
         copy = self.timer([_copy_call(device)], 3, CEILING_REPS)
         matmul = self.timer([_matmul_call(device)], 3, CEILING_REPS)
         torch.cuda.empty_cache()
-        copy_ms, matmul_ms = _median(copy), _median(matmul)
+        copy_ms, matmul_ms = median(copy), median(matmul)
         return Ceilings(
             copy_bytes_per_s=2 * COPY_BYTES / (copy_ms / 1e3),
             matmul_flops_per_s=2 * MATMUL_SIZE**3 / (matmul_ms / 1e3),
@@ -270,7 +273,7 @@ class CudaBackend:
         )
 
     def prepare(self, shape: BenchShape, shapes: ShapeSet, kernels: Sequence[str],
-                modes: Sequence[str], policy_mode: str | None = None,
+                modes: Sequence[str], gates: GateRegime, policy_mode: str | None = None,
                 baseline_policy: str | None = None,
                 backends: Sequence[str] = DEFAULT_BACKENDS) -> Prepared:
         from kdabench import kernels as kda
@@ -278,8 +281,7 @@ class CudaBackend:
         device = torch.device("cuda", torch.cuda.current_device())
         set_bytes = count_bytes(shape.tokens, shape.heads, shapes.head_dim, shape.seqs)
         count = input_set_count(set_bytes, self.l2_bytes())
-        base = make_inputs(shape.lengths, shape.heads, shapes.head_dim,
-                           lower_bound=shapes.lower_bound, seed=shapes.seed, device=device)
+        base, gate_stats = draw_inputs(shape, shapes, gates, device)
         sets = rotated_sets(base, count)
         calls: dict[str, KernelCalls] = {}
         plans: dict[str, Any] = {}
@@ -301,17 +303,25 @@ class CudaBackend:
             calls[name] = KernelCalls(eager=eager)
             if "graph" in modes:
                 captured = [capture_graph(call) for call in eager]
-                problem = replay_problem(*captured[0], eager[0])
-                calls[name].graph = None if problem else [graph.replay for graph, _ in captured]
-                calls[name].graph_note = problem or \
-                    "plan/bind once per input set; run(binding) captured; replay checked"
+                replays = check_replays(
+                    [(graph, (result.o, run.written)) for (graph, result), run
+                     in zip(captured, runs, strict=True)],
+                    [(lambda call=call, run=run: (call().o, run.written)) for call, run
+                     in zip(eager, runs, strict=True)])
+                calls[name].replay_check = replays
+                calls[name].graph = None if replays["problem"] else \
+                    [graph.replay for graph, _ in captured]
+                calls[name].graph_note = replays["problem"] or \
+                    "plan/bind once per input set; run(binding) captured; every replay checked"
         fla_calls: list[Callable] = []
         if FLA in kernels:
             chunk_kda = self._fla
-            fla_calls = [fla_call(chunk_kda, x) for x in sets]
+            fla_cu = fla_cu_seqlens(sets)
+            fla_calls = [fla_call(chunk_kda, x, cu_seqlens=fla_cu) for x in sets]
             calls[FLA] = KernelCalls(eager=fla_calls)
             if "graph" in modes:
-                calls[FLA].graph, calls[FLA].graph_note = _capture_fla(chunk_kda, sets)
+                calls[FLA].graph, calls[FLA].graph_note, calls[FLA].replay_check = \
+                    _capture_fla(chunk_kda, sets, fla_cu)
 
         def outputs() -> Outputs:
             found = Outputs()
@@ -349,31 +359,59 @@ class CudaBackend:
 
         return Prepared(input_sets=count, input_set_bytes=set_bytes, calls=calls,
                         outputs=outputs, check=check, release=release,
-                        details={"l2_bytes": self.l2_bytes(), "kernel_configs": resolved})
+                        details={"l2_bytes": self.l2_bytes(), "kernel_configs": resolved},
+                        gate_stats=gate_stats)
 
 
-def _capture_fla(chunk_kda: Callable, sets: Sequence[KdaInputs]
-                 ) -> tuple[list[Callable] | None, str]:
-    """Graph replays of fla, one per set: fla's graph mode first, then a plain capture."""
+def fla_cu_seqlens(sets: Sequence[KdaInputs]) -> torch.Tensor:
+    """The one int64 cu_seqlens every fla call of these input sets passes (see
+    :func:`fla_call`); the sets share their lengths (ValueError if not)."""
+    first = sets[0].cu_seqlens
+    if any(not torch.equal(x.cu_seqlens, first) for x in sets[1:]):
+        raise ValueError("the input sets of one shape must share their cu_seqlens")
+    return first.to(torch.int64)
+
+
+def _capture_fla(chunk_kda: Callable, sets: Sequence[KdaInputs], cu_seqlens: torch.Tensor
+                 ) -> tuple[list[Callable] | None, str, dict[str, Any] | None]:
+    """Graph replays of fla, one per set, the note and the replay check: fla's graph mode
+    first, then a plain capture. The check is None when no capture could be made at all; it
+    has a ``problem`` when captures were made and none replays what an eager call computes."""
     failures = []
+    rejected = None
     for graph_mode, label in ((True, "use_graph=True"), (False, "plain call")):
         try:
-            captured = [capture_graph(fla_call(chunk_kda, x, graph_mode=graph_mode))
-                        for x in sets]
+            captured = [capture_graph(fla_call(chunk_kda, x, graph_mode=graph_mode,
+                                               cu_seqlens=cu_seqlens)) for x in sets]
         except Exception as error:  # noqa: BLE001 - a failed capture is recorded, not fatal
             failures.append(f"{label}: {type(error).__name__}: {str(error)[:200]}")
             with contextlib.suppress(Exception):  # a broken capture may leave an error behind
                 torch.cuda.synchronize()
             continue
-        problem = replay_problem(*captured[0], fla_call(chunk_kda, sets[0]))
-        if problem:
-            failures.append(f"{label}: {problem}")
+        replays = check_replays([(graph, _output_and_state(out)) for graph, out in captured],
+                                [_outputs(fla_call(chunk_kda, x, cu_seqlens=cu_seqlens))
+                                 for x in sets])
+        if replays["problem"]:
+            failures.append(f"{label}: {replays['problem']}")
+            rejected = replays
             continue
-        note = f"captured with {label}; replay checked"
+        note = f"captured with {label}; every replay checked"
         if failures:
             note += " (" + "; ".join(failures) + ")"
-        return [graph.replay for graph, _ in captured], note
-    return None, "fla graph capture failed: " + "; ".join(failures)
+        return [graph.replay for graph, _ in captured], note, replays
+    note = "fla graph capture failed: " + "; ".join(failures)
+    return None, note, None if rejected is None else {**rejected, "problem": note}
+
+
+def _output_and_state(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, final_state): the first two things chunk_kda returns with output_final_state."""
+    o, final, *_ = result
+    return o, final
+
+
+def _outputs(call: Callable[[], Any]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """``call`` (an fla call) returning its output and final state."""
+    return lambda: _output_and_state(call())
 
 
 def _copy_call(device: torch.device) -> Callable[[], Any]:
@@ -388,8 +426,3 @@ def _matmul_call(device: torch.device) -> Callable[[], Any]:
     c = torch.empty_like(a)
     return lambda: torch.matmul(a, b, out=c)
 
-
-def _median(samples: list[float]) -> float:
-    import statistics
-
-    return statistics.median(samples)

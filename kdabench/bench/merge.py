@@ -1,17 +1,17 @@
 """Joining the shard receipts of one sharded bench run (``Bench(..., shard=(I, N))``) into one
-receipt whose ``bench_summary`` is recomputed over every shape, as one unsharded run's."""
+receipt whose ``bench_summary`` is recomputed over every case, as one unsharded run's."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kdabench.bench.summary import summarize
+from kdabench.bench.summary import summarize_by_gates
 from kdabench.receipts import ReceiptError, merge_receipts, sanitize, seal
 
 # Config keys each shard measured or computed on its own: the copy bandwidth and matmul rate,
-# and the medians over that shard's shapes.
-RUN_LOCAL_KEYS = frozenset({"ceilings", "bench_summary"})
+# the medians over that shard's shapes and its wall time.
+RUN_LOCAL_KEYS = frozenset({"ceilings", "bench_summary", "time"})
 
 
 def merge_bench_receipts(docs: Sequence[Mapping[str, Any]], *,
@@ -28,8 +28,9 @@ def merge_bench_receipts(docs: Sequence[Mapping[str, Any]], *,
     merged = merge_receipts(docs, labels=labels, command_line=command_line,
                             created_at=created_at, run_local_keys=RUN_LOCAL_KEYS)
     config = merged["config"]
-    summary = summarize(merged["cases"], config["modes"],
-                        baseline=config.get("baseline_policy") is not None,
-                        backend_kernels=[config["backend_kernels"][name]
-                                         for name in config["backends"][1:]])
+    summary = summarize_by_gates(merged["cases"], config["modes"],
+                                 [regime["name"] for regime in config.get("gates", [])],
+                                 baseline=config.get("baseline_policy") is not None,
+                                 backend_kernels=[config["backend_kernels"][name]
+                                                  for name in config["backends"][1:]])
     return seal({**merged, "config": {**config, "bench_summary": sanitize(summary)}})

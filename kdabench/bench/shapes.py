@@ -2,8 +2,14 @@
 
     from kdabench.bench.shapes import load_shapes
 
-    shapes = load_shapes(None)          # the packaged kdabench/data/bench-shapes.toml
+    shapes = load_shapes(None)          # the packaged default set, kdabench/data/bench-shapes.toml
     shapes.shapes[0].label              # "8192x8x1"
+    load_shapes("quick"), load_shapes("mine.toml")    # a packaged set by name, or a file
+
+Packaged sets (:data:`SHAPE_SETS`): ``default`` (nine shapes, 8192 to 65536 tokens) and
+``quick`` (three shapes for kernel work: a short single sequence, a long one with few heads,
+many short sequences; kdabench/data/bench-shapes-quick.toml). A name wins over a file of the
+same name (write ``./quick`` for the file).
 
 Top-level keys: ``schema`` (required), ``name``, ``head_dim`` (64 or 128; default 128),
 ``lower_bound`` (in [-5, 0); default -5), ``seed`` (default 0), ``flop_chunk`` (the chunk
@@ -15,15 +21,15 @@ else is refused with :class:`ShapesError`, one line naming the file and the key.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kdabench.datafiles import load_data_file, parse_toml
+from kdabench.datafiles import packaged_bytes, parse_toml, read_bytes
+from kdabench.kernels.contract import HEAD_DIMS
 
 SCHEMA = "kdabench.bench-shapes.v1"
-DEFAULT_SHAPES = "bench-shapes.toml"  # in kdabench/data/
-HEAD_DIMS = (64, 128)
+SHAPE_SETS = {"default": "bench-shapes.toml", "quick": "bench-shapes-quick.toml"}  # data/
 TOP_KEYS = {"schema", "name", "head_dim", "lower_bound", "seed", "flop_chunk", "shape"}
 SHAPE_KEYS = {"tokens", "heads", "seqs"}
 MIN_SEQ_LEN = 16  # four strictly increasing interior checkpoint offsets
@@ -58,7 +64,8 @@ class BenchShape:
 
 @dataclass(frozen=True)
 class ShapeSet:
-    """A loaded shapes file: where it came from, its settings and shapes."""
+    """A loaded shapes file: where it came from (``set_name``: the packaged set's name, None
+    for a file of the user's), its settings and shapes."""
 
     origin: str
     sha256: str
@@ -69,11 +76,20 @@ class ShapeSet:
     flop_chunk: int
     shapes: tuple[BenchShape, ...]
     document: dict[str, Any]
+    set_name: str | None = None
 
 
-def load_shapes(path: str | Path | None = None) -> ShapeSet:
-    """Load and validate a shapes file; None loads the packaged default."""
-    return load_data_file(path, DEFAULT_SHAPES, "shapes file", ShapesError, parse_shapes)
+def load_shapes(spec: str | Path | None = None) -> ShapeSet:
+    """Load and validate a packaged set by name (:data:`SHAPE_SETS`) or a shapes file; None
+    loads the packaged default."""
+    name = "default" if spec is None else spec
+    if isinstance(name, str) and name in SHAPE_SETS:
+        found = parse_shapes(packaged_bytes(SHAPE_SETS[name]), origin=name)
+        return replace(found, set_name=name)
+    if not Path(name).exists():
+        raise ShapesError(f"{name}: no such shapes file, nor a packaged set "
+                          f"({', '.join(SHAPE_SETS)})")
+    return parse_shapes(read_bytes(name, "shapes file", ShapesError), origin=str(name))
 
 
 def parse_shapes(raw: bytes | str, *, origin: str = "shapes") -> ShapeSet:

@@ -4,22 +4,19 @@ Per shape and mode: tokens/s, distance to the floor, fla/kdabench, the export ov
 when a baseline policy ran, the policy gain (kdabench-baseline median / kdabench median:
 above 1, the configs of --policy-mode are faster than those of --baseline-policy) and, per
 further kernel backend's column (``kdabench-<backend>``), fla / it and kdabench (the first
-backend) / it. The summary holds their medians (and extremes) over the shapes, per mode.
+backend) / it. The summary holds their medians (and extremes) over the cases, per mode (the
+``*_by_shape`` maps are keyed by case id, "8192x8x1/fast-decay"), and the same per gate
+regime (``per_gates``).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kdabench.bench.backend import FLA, KDABENCH, KDABENCH_BASELINE, KDABENCH_C1
-
-
-def median_or_none(samples: Sequence[float]) -> float | None:
-    """The median of ``samples``; None when there are none."""
-    return statistics.median(samples) if samples else None
+from kdabench.stats import median
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -75,35 +72,49 @@ def backend_metrics(modes: Mapping[str, Mapping[str, Mapping[str, Any]]],
 
 def summarize(cases: Sequence[Mapping[str, Any]], modes: Sequence[str], *,
               baseline: bool = False, backend_kernels: Sequence[str] = ()) -> dict[str, Any]:
-    """Medians over the shapes, per mode: fla/kdabench, export overhead, kdabench / floor;
+    """Medians over the cases, per mode: fla/kdabench, export overhead, kdabench / floor;
     with ``baseline``, also the policy gain and how many shapes shared a config; per kernel of
     ``backend_kernels``, its ratios and distance to the floor (``backends``)."""
-    summary: dict[str, Any] = {"shapes": len(cases), "per_mode": {}}
+    summary: dict[str, Any] = {"cases": len(cases),
+                               "shapes": len({str(case["shape"]) for case in cases}),
+                               "per_mode": {}}
     for mode in modes:
-        ratio = _by_shape(cases, ("ratio_fla_over_kdabench", mode))
-        overhead = _by_shape(cases, ("export_overhead", mode))
-        to_floor = _by_shape(cases, ("modes", mode, KDABENCH, "to_floor"))
+        ratio = _by_case(cases, ("ratio_fla_over_kdabench", mode))
+        overhead = _by_case(cases, ("export_overhead", mode))
+        to_floor = _by_case(cases, ("modes", mode, KDABENCH, "to_floor"))
         row = summary["per_mode"][mode] = {
-            "median_ratio_fla_over_kdabench": median_or_none(list(ratio.values())),
+            "median_ratio_fla_over_kdabench": median(list(ratio.values())),
             "min_ratio_fla_over_kdabench": min(ratio.values()) if ratio else None,
-            "median_export_overhead": median_or_none(list(overhead.values())),
+            "median_export_overhead": median(list(overhead.values())),
             "max_export_overhead": max(overhead.values()) if overhead else None,
-            "median_kdabench_to_floor": median_or_none(list(to_floor.values())),
+            "median_kdabench_to_floor": median(list(to_floor.values())),
             "ratio_by_shape": ratio, "export_overhead_by_shape": overhead,
         }
         if baseline:
-            gain = _by_shape(cases, ("policy_gain", mode))
-            row.update(median_policy_gain=median_or_none(list(gain.values())),
+            gain = _by_case(cases, ("policy_gain", mode))
+            row.update(median_policy_gain=median(list(gain.values())),
                        min_policy_gain=min(gain.values()) if gain else None,
                        policy_gain_by_shape=gain)
         if backend_kernels:
             row["backends"] = {kernel: _backend_row(cases, mode, kernel)
                                for kernel in backend_kernels}
     if baseline:
-        known = {str(c["shape"]): c["same_config"] for c in cases
+        known = {str(c["id"]): c["same_config"] for c in cases
                  if isinstance(c.get("same_config"), bool)}
         summary["same_config_shapes"] = sum(known.values())
         summary["config_compared_shapes"] = len(known)
+    return summary
+
+
+def summarize_by_gates(cases: Sequence[Mapping[str, Any]], modes: Sequence[str],
+                       gates: Sequence[str], **options: Any) -> dict[str, Any]:
+    """:func:`summarize` over every case, with ``per_gates`` = {regime name: the summary of
+    that regime's cases} for each of ``gates``."""
+    summary = summarize(cases, modes, **options)
+    summary["per_gates"] = {
+        name: summarize([c for c in cases if (c.get("gates") or {}).get("name") == name], modes,
+                        **options)
+        for name in gates}
     return summary
 
 
@@ -112,22 +123,22 @@ def _backend_row(cases: Sequence[Mapping[str, Any]], mode: str, kernel: str
     """One further backend's kernel over the shapes in ``mode``: its ratios and floor distance."""
     row: dict[str, Any] = {}
     for name in ("ratio_fla_over", "ratio_kdabench_over"):
-        values = _by_shape(cases, ("backend_ratios", kernel, name, mode))
-        row.update({f"median_{name}": median_or_none(list(values.values())),
+        values = _by_case(cases, ("backend_ratios", kernel, name, mode))
+        row.update({f"median_{name}": median(list(values.values())),
                     f"min_{name}": min(values.values()) if values else None,
                     f"{name}_by_shape": values})
-    to_floor = _by_shape(cases, ("modes", mode, kernel, "to_floor"))
-    row["median_to_floor"] = median_or_none(list(to_floor.values()))
+    to_floor = _by_case(cases, ("modes", mode, kernel, "to_floor"))
+    row["median_to_floor"] = median(list(to_floor.values()))
     return row
 
 
-def _by_shape(cases: Sequence[Mapping[str, Any]], path: Sequence[str]) -> dict[str, float]:
-    """{shape label: the finite number at ``path`` in the case} (absent ones left out)."""
+def _by_case(cases: Sequence[Mapping[str, Any]], path: Sequence[str]) -> dict[str, float]:
+    """{case id: the finite number at ``path`` in the case} (absent ones left out)."""
     found = {}
     for case in cases:
         value: Any = case
         for key in path:
             value = value.get(key) if isinstance(value, Mapping) else None
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            found[str(case["shape"])] = float(value)
+            found[str(case["id"])] = float(value)
     return found

@@ -25,62 +25,91 @@ def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+QUICK = {"shapes": "quick", "modes": "graph", "reps": 20}  # what --quick sets, unless given
+
+
 @click.command("bench")
-@click.option("--shapes", "shapes_path", type=click.Path(path_type=Path), default=None,
-              help="A shapes TOML file of your own (default: the packaged "
-              "kdabench/data/bench-shapes.toml).")
+@click.option("--shapes", "shapes_spec", metavar="NAME|FILE", default=None,
+              help="The shapes to time: a packaged set by name, 'default' (nine shapes, 8192 "
+              "to 65536 tokens; kdabench/data/bench-shapes.toml) or 'quick' (three: "
+              "8192x8x1, 65536x8x1, 64 sequences of 512 tokens x 8 heads), or a shapes TOML "
+              "file of your own (a name wins; write ./quick for a file named quick). Default: "
+              "default.")
+@click.option("--quick", is_flag=True,
+              help="A quick check for kernel work, meant to finish in under a minute on an "
+              "H200, Triton compiles included: short for --shapes quick --modes graph --reps "
+              "20 (graph replay only, both gate regimes, against fla). --shapes, --modes or "
+              "--reps given beside it win; the receipt is an ordinary bench receipt with "
+              "shape_set \"quick\".")
+@click.option("--gates", "gates_text", metavar="long-memory,fast-decay|FILE",
+              default="long-memory,fast-decay", show_default=True,
+              help="Gate regimes, comma-separated; every shape runs under each (case ids "
+              "read SHAPE/REGIME). long-memory: the usual inputs' decay, about half the "
+              "channels slow (memory over thousands of tokens). fast-decay: g = lower_bound * "
+              "sigmoid(N(0,1)) per element (-5 * sigmoid: mean about -2.5). FILE: a "
+              "gate-stats TOML/JSON of a real model's per-channel log decay, schema "
+              "\"kdabench.gate-stats.v1\", mean and std (head_dim numbers each, mean <= 0), "
+              "optional name (default: the file's stem); g drawn from N(mean, std) per "
+              "channel, clipped to [lower_bound, 0]. fla and kdabench read the same g.")
 @click.option("--against", type=click.Choice(["fla", "none"]), default="fla", show_default=True,
               help="Compare against fla's chunk_kda (skipped with a message when fla is not "
               "installed), or time kdabench alone.")
-@click.option("--modes", "modes_text", metavar="eager,graph", default="eager,graph",
-              show_default=True, help="Timing modes: eager calls, CUDA-graph replays, or both.")
+@click.option("--modes", "modes_text", metavar="eager,graph", default=None,
+              help="Timing modes: eager calls, CUDA-graph replays, or both. Default: "
+              "eager,graph (graph with --quick).")
 @click.option("--backends", "backends_text", metavar="triton,cute", default="triton",
               show_default=True,
               help="Kernel backends to time, comma-separated: the first one's plans are the "
               "kdabench columns (capacity 4 and 1, export overhead, baseline); each further one "
               "adds a column kdabench-<backend> (capacity 4) on the same inputs, with fla/it, "
               "first/it and its output against the first's.")
-@click.option("--reps", type=int, default=100, show_default=True,
-              help="Timed samples per kernel, mode and shape (the median is reported; every "
-              "sample is kept in the receipt).")
+@click.option("--reps", type=int, default=None,
+              help="Timed samples per kernel, mode and case (the median is reported; every "
+              "sample is kept in the receipt). Default: 100 (20 with --quick).")
 @click.option("--breakdown", type=click.IntRange(min=0), default=0, show_default=True,
               metavar="CALLS",
-              help="After each shape's timing, run CALLS eager calls of every kernel under "
+              help="After each case's timing, run CALLS eager calls of every kernel under "
               "torch.profiler and record where its GPU time goes: each GPU kernel it launched, "
               "with its mean microseconds per call (0: no breakdown; 10 is plenty).")
 @click.option("--shard", metavar="I/N", default=None,
-              help="Run shard I of N of the shapes (position % N == I - 1); join the shard "
-              "receipts with `kdabench merge`.")
+              help="Run shard I of N of the shapes (position % N == I - 1, under every gate "
+              "regime); join the shard receipts with `kdabench merge`.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Folder for the receipt and plots (default: $KDABENCH_OUT, else .kdabench/ "
               "in the current directory; curated evidence goes to results/ with --out "
               "results/).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("--plot/--no-plot", default=True, show_default=True,
-              help="Draw time against T per mode as PNGs beside the receipt.")
+              help="Draw time against T per mode and gate regime as PNGs beside the receipt.")
 @click.option("--policy-mode", metavar="AUTO|HEURISTIC_ONLY|PREPLANNED_ONLY", default=None,
               help="How kdabench's plans pick their kernel config: the device's profile "
               "entry else the heuristic (AUTO), the heuristic alone, or profile entries alone "
               "(a shape without one errors). Default: $KDABENCH_POLICY_MODE, else AUTO.")
 @click.option("--baseline-policy", metavar="AUTO|HEURISTIC_ONLY|PREPLANNED_ONLY", default=None,
               help="Also time kdabench (capacity 4) with its configs picked under this other "
-              "policy mode, on the same inputs, and report the policy gain per shape: its time "
+              "policy mode, on the same inputs, and report the policy gain per case: its time "
               "/ kdabench's (above 1: --policy-mode's configs are faster).")
-def bench(shapes_path: Path | None, against: str, modes_text: str, backends_text: str,
-          reps: int, breakdown: int, shard: str | None, out_dir: Path | None, as_json: bool,
-          plot: bool, policy_mode: str | None, baseline_policy: str | None) -> None:
-    """Time kdabench against fla's chunk_kda per shape and write a receipt (kind "bench").
+def bench(shapes_spec: str | None, quick: bool, gates_text: str, against: str,
+          modes_text: str | None, backends_text: str, reps: int | None, breakdown: int,
+          shard: str | None, out_dir: Path | None, as_json: bool, plot: bool,
+          policy_mode: str | None, baseline_policy: str | None) -> None:
+    """Time kdabench against fla's chunk_kda per shape and gate regime and write a receipt
+    (kind "bench").
 
-    Per shape, on the same inputs in one process: fla (its final state), kdabench with
-    capacity 4 and four active checkpoints per sequence, and kdabench with capacity 1 and
-    one checkpoint (export overhead = capacity 4 / capacity 1 - 1). Each in eager mode and
-    CUDA-graph replay (compare like with like; graph replay measures the GPU work): warm,
-    CUDA events, --reps samples rotating among input sets larger than the L2, median.
-    Also per shape: fla/kdabench, tokens/s, the floor (bytes over the copy bandwidth, FLOPs
-    over the bf16 matmul rate, both measured in this run) and the distance to it, and a
-    sanity check of kdabench's output against fla's (fails above 5e-2). Needs a CUDA GPU.
-    The receipt records the policy mode and, per shape, each kdabench plan's kernel config
-    and where it came from. To see whether the tuning profile beats the heuristic in one run:
+    Per shape and gate regime (a case, id SHAPE/REGIME), on the same inputs in one process:
+    fla (its final state), kdabench with capacity 4 and four active checkpoints per
+    sequence, and kdabench with capacity 1 and one checkpoint (export overhead = capacity 4
+    / capacity 1 - 1). Each in eager mode and CUDA-graph replay (compare like with like;
+    graph replay measures the GPU work): warm, CUDA events, --reps samples rotating among
+    input sets larger than the L2, median. Every captured graph is replayed once per input
+    set and checked against an eager call on that set before its time counts (a mismatch
+    fails the case). Also per case: fla/kdabench, tokens/s, the floor (bytes over the copy
+    bandwidth, FLOPs over the bf16 matmul rate, both measured in this run) and the distance
+    to it, and a sanity check of kdabench's output against fla's (fails above 5e-2). Needs a
+    CUDA GPU. The receipt records the policy mode, the gate regimes (formula, seed, and per
+    case the mean, min and max of the log decay drawn) and, per case, each kdabench plan's
+    kernel config and where it came from. For a quick check while working on a kernel:
+    --quick. To see whether the tuning profile beats the heuristic in one run:
     --baseline-policy HEURISTIC_ONLY (with the default --policy-mode AUTO).
     To time the Triton and the CuTe backends beside fla in one run: --backends triton,cute
     (the cute column's config source says whether its kernels came from an ahead-of-time
@@ -88,20 +117,24 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, backends_text
     --breakdown 10. A run too long for one sitting splits into shards: --shard 1/2 and
     --shard 2/2, joined with `kdabench merge`.
 
-    Exit 0 when it ran (speed targets are reported, not asserted); 1 when a sanity check
-    fails or a shape errors; 2 for bad input (a shapes file that does not load, bad
-    --modes, --reps, --backends or --shard, no CUDA GPU, a backend that cannot run here).
+    Exit 0 when it ran (speed targets are reported, not asserted); 1 when a sanity or replay
+    check fails or a case errors; 2 for bad input (a shapes file or set that does not load,
+    a bad gate-stats file, bad --gates, --modes, --reps, --backends or --shard, no CUDA GPU,
+    a backend that cannot run here).
     """
     from kdabench.bench import Bench, BenchError, ShapesError, load_shapes
     from kdabench.matrix import MatrixError, parse_shard
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
+    preset = QUICK if quick else {"shapes": None, "modes": "eager,graph", "reps": 100}
     with user_errors(ShapesError, BenchError, MatrixError):
-        shapes = load_shapes(shapes_path)
-        run = Bench(shapes, against=against, modes=_names(modes_text), reps=reps,
+        shapes = load_shapes(shapes_spec if shapes_spec is not None else preset["shapes"])
+        run = Bench(shapes, against=against,
+                    modes=_names(modes_text if modes_text is not None else preset["modes"]),
+                    reps=reps if reps is not None else preset["reps"],
                     out_dir=out_dir, plot=plot, policy_mode=policy_mode,
                     baseline_policy=baseline_policy, backends=_names(backends_text),
-                    breakdown=breakdown,
+                    breakdown=breakdown, gates=_names(gates_text),
                     shard=parse_shard(shard) if shard is not None else None)
     if run.fla_skipped:
         print_error(f"fla comparison skipped: {run.fla_skipped}", style="bold yellow")
@@ -116,18 +149,20 @@ def bench(shapes_path: Path | None, against: str, modes_text: str, backends_text
         print_error(f"the plots were not drawn: {result.plot_error}", style="bold yellow")
     bad = [c for c in result.cases if c["verdict"] not in ("pass", "skip")]
     if bad:
-        raise Finding(f"{len(bad)} of {len(result.cases)} shapes did not pass: "
+        raise Finding(f"{len(bad)} of {len(result.cases)} cases did not pass: "
                       + "; ".join(f"{c['id']}: {c.get('message')}" for c in bad[:3]))
 
 
 def _run_with_progress(console: Console, run) -> Any:
-    console.print(f"bench · {len(run.selected)} shapes{_shard_words(run.shard)} · backends "
+    console.print(f"bench · {escape(run.shapes.set_name or run.shapes.origin)}: "
+                  f"{run.shape_count} shapes{_shard_words(run.shard)} x gates "
+                  f"{escape(', '.join(regime.name for regime in run.gates))} · backends "
                   f"{', '.join(run.backends)} · kernels {', '.join(run.kernels)} · modes "
                   f"{', '.join(run.modes)} · {run.reps} reps · policy {run.policy_mode}"
                   f"{_baseline_words(run.baseline_policy)} · receipt in "
                   f"{escape(str(run.out_dir))}")
-    return run_cases_with_progress(console, run, total=len(run.selected),
-                                   first="measuring the ceilings", label=lambda s: s.label,
+    return run_cases_with_progress(console, run, total=len(run.cases),
+                                   first="measuring the ceilings", label=lambda case: case.id,
                                    receipt=f"in {run.out_dir}")
 
 
@@ -190,7 +225,7 @@ def _render(console: Console, result) -> None:
     ceilings = config["ceilings"]
     table = Table(title=f"bench · {escape(str(result.receipt['device'].get('name')))}",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for column in ("shape", "mode"):
+    for column in ("shape", "gates", "mode"):
         table.add_column(column, no_wrap=True)
     baseline = config.get("baseline_policy")
     first, *others = config["backends"]
@@ -222,7 +257,8 @@ def _render(console: Console, result) -> None:
             ours = kernels.get("kdabench", {})
             rate = ours.get("tokens_per_s")
             table.add_row(
-                escape(case["shape"]) if index == 0 else "", mode,
+                escape(case["shape"]) if index == 0 else "",
+                escape(case["gates"]["name"]) if index == 0 else "", mode,
                 _ms(kernels.get("fla", {}).get("median_ms")), _ms(ours.get("median_ms")),
                 _ms(kernels.get("kdabench-c1", {}).get("median_ms")),
                 _times((case.get("ratio_fla_over_kdabench") or {}).get(mode)),
@@ -236,11 +272,13 @@ def _render(console: Console, result) -> None:
                 style="red" if case["verdict"] != "pass" else None,
             )
     console.print(table)
+    per_gates = result.summary.get("per_gates") or {}
     for mode, row in result.summary["per_mode"].items():
-        console.print(f"{mode}: median fla/kdabench {_times(row['median_ratio_fla_over_kdabench'])}"
-                      f" (min {_times(row['min_ratio_fla_over_kdabench'])}) · median export "
-                      f"overhead {_percent(row['median_export_overhead'])} · median kdabench/"
-                      f"floor {_times(row['median_kdabench_to_floor'])}")
+        console.print(f"{mode}: {_summary_words(row)}")
+        if len(per_gates) > 1:
+            for regime, found in per_gates.items():
+                console.print(f"{mode} · {escape(regime)}: "
+                              f"{_summary_words(found['per_mode'][mode])}")
         for name, kernel in further.items():
             found = (row.get("backends") or {}).get(kernel) or {}
             console.print(f"{mode}: {name} backend: median fla/{name} "
@@ -251,7 +289,7 @@ def _render(console: Console, result) -> None:
                           f"{_times(found.get('median_to_floor'))}")
     if baseline:
         shared = (f"{result.summary.get('same_config_shapes')} of "
-                  f"{result.summary.get('config_compared_shapes')} shapes share a config")
+                  f"{result.summary.get('config_compared_shapes')} cases share a config")
         for mode, row in result.summary["per_mode"].items():
             console.print(f"{mode}: policy {config.get('policy_mode')} vs {baseline}: median "
                           f"{_times(row.get('median_policy_gain'))}, min "
@@ -273,6 +311,14 @@ def _render(console: Console, result) -> None:
         console.print(f"plot {escape(str(path))}")
 
 
+def _summary_words(row: dict[str, Any]) -> str:
+    """One mode's medians over some cases, in words."""
+    return (f"median fla/kdabench {_times(row['median_ratio_fla_over_kdabench'])} (min "
+            f"{_times(row['min_ratio_fla_over_kdabench'])}) · median export overhead "
+            f"{_percent(row['median_export_overhead'])} · median kdabench/floor "
+            f"{_times(row['median_kdabench_to_floor'])}")
+
+
 def _render_breakdown(console: Console, result) -> None:
     """Per shape and kernel, one line: GPU time per call and its largest GPU kernels."""
     from kdabench.bench import breakdown_line
@@ -282,4 +328,4 @@ def _render_breakdown(console: Console, result) -> None:
                   "under torch.profiler):")
     for case in result.cases:
         for kernel, record in (case.get("breakdown") or {}).items():
-            console.print(f"  {escape(case['shape'])} {kernel}: {escape(breakdown_line(record))}")
+            console.print(f"  {escape(case['id'])} {kernel}: {escape(breakdown_line(record))}")

@@ -18,15 +18,15 @@ with the floor, and where each kernel's GPU time goes.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kdabench import stats
 from kdabench.bench.breakdown import breakdown_line
+from kdabench.receipts import LoadedReceipt
 from kdabench.report.fields import finite_numbers, get_field, to_number
-from kdabench.report.loading import LoadedReceipt
 from kdabench.report.markdown import (
     device_name,
     fmt_case_id,
@@ -54,6 +54,7 @@ class BenchPoint:
     median_ms: float | None
     samples: list[float]
     floor_ms: float | None
+    gates: str | None = None  # the gate regime the case drew (a receipt without: None)
 
 
 def bench_points(case: Mapping[str, Any]) -> list[BenchPoint]:
@@ -68,6 +69,7 @@ def bench_points(case: Mapping[str, Any]) -> list[BenchPoint]:
         parts = [fmt_count(tokens), fmt_count(heads), "-" if seqs is None else str(seqs)]
         label = "x".join(parts)
     floor = to_number(get_field(case, "floor_ms", "floor.ms"))
+    gates = get_field(case, "gates.name")
     per_kernel: dict[str, Any] = {}
     if isinstance(case.get("kernels"), Mapping):
         per_kernel = dict(case["kernels"])
@@ -83,9 +85,10 @@ def bench_points(case: Mapping[str, Any]) -> list[BenchPoint]:
         else:
             median, samples = to_number(entry), []
         if median is None and samples:
-            median = statistics.median(samples)
+            median = stats.median(samples)
         points.append(BenchPoint(str(case.get("id")), str(kernel), str(label), tokens, heads,
-                                 seqs, median, samples, floor))
+                                 seqs, median, samples, floor,
+                                 None if gates is None else str(gates)))
     return points
 
 
@@ -160,24 +163,29 @@ def bench_section(receipt: LoadedReceipt, plot_path: Path) -> tuple[list[str], l
     cases = receipt.cases
     points = [point for case in cases for point in bench_points(case)]
     kernels = _kernel_order(p.kernel for p in points)
-    shapes: dict[tuple[str, Any, Any], dict[str, BenchPoint]] = {}
+    regimes = list(dict.fromkeys(point.gates for point in points))
+    with_gates = regimes != [None]
+    shapes: dict[tuple[str | None, str, Any, Any], dict[str, BenchPoint]] = {}
     for point in points:
-        shapes.setdefault((point.shape, point.tokens, point.heads), {})[point.kernel] = point
-    overheads = {label: value for label, value in (_export_overhead(c) for c in cases)
+        key = (point.gates, point.shape, point.tokens, point.heads)
+        shapes.setdefault(key, {})[point.kernel] = point
+    overheads = {key: value for key, value in (_export_overhead(c) for c in cases)
                  if value is not None}
     rows = []
-    for (label, tokens, heads), by_kernel in shapes.items():
+    for (gates, label, tokens, heads), by_kernel in shapes.items():
         ours, fla = by_kernel.get("kdabench"), by_kernel.get("fla")
         floor = next((p.floor_ms for p in by_kernel.values() if p.floor_ms), None)
         ratio = (f"{fla.median_ms / ours.median_ms:.2f}x" if ours and fla and ours.median_ms
                  and fla.median_ms else "-")
         to_floor = (f"{ours.median_ms / floor:.2f}x" if ours and ours.median_ms and floor
                     else "-")
-        row = [label, fmt_count(tokens), fmt_count(heads),
+        row = [*([gates or "-"] if with_gates else []), label, fmt_count(tokens),
+               fmt_count(heads),
                *[fmt_ms(by_kernel[k].median_ms) if k in by_kernel else "-" for k in kernels],
                ratio, fmt_ms(floor), to_floor]
         if overheads:
-            row.append(f"{overheads[label] * 100:+.1f}%" if label in overheads else "-")
+            key = (gates, label)
+            row.append(f"{overheads[key] * 100:+.1f}%" if key in overheads else "-")
         rows.append(row)
     modes = sorted({str(c["primary_mode"]) for c in cases if c.get("primary_mode")})
     mode_sentence = (f"Medians of {', '.join(MODE_NAMES.get(m, m) for m in modes)} "
@@ -188,16 +196,21 @@ def bench_section(receipt: LoadedReceipt, plot_path: Path) -> tuple[list[str], l
              (f"{mode_sentence}fla / kdabench above 1 means kdabench is faster; kdabench / "
               "floor is how far kdabench is from the time the shape's bytes and FLOPs need."
               f"{overhead_sentence}"), "",
-             md_table(["shape", "T", "H", *[f"{k} (ms)" for k in kernels], "fla / kdabench",
+             md_table([*(["gates"] if with_gates else []), "shape", "T", "H",
+                       *[f"{k} (ms)" for k in kernels], "fla / kdabench",
                        "floor (ms)", "kdabench / floor",
                        *(["export overhead"] if overheads else [])], rows), ""]
     lines += _breakdown_lines(cases)
     plots = []
     lines += ["#### Time against T", ""]
-    if plot_bench(points, plot_path, device_name(receipt.doc)):
-        plots.append(plot_path)
-        lines += [f"![time against T]({plot_path.name})", ""]
-    else:
+    for gates in regimes:  # one plot per gate regime: their times must not share a line
+        path = plot_path if gates is None else plot_path.with_name(
+            f"{plot_path.stem}-{gates}{plot_path.suffix}")
+        title = "time against T" + ("" if gates is None else f", {gates} gates")
+        if plot_bench([p for p in points if p.gates == gates], path, device_name(receipt.doc)):
+            plots.append(path)
+            lines += [f"![{title}]({path.name})", ""]
+    if not plots:
         lines += ["No case carries both T and a median time.", ""]
     lines += ["#### Cases", "",
               md_table(["#", "case", "verdict", "shape", "T", "kernels (median ms)",
@@ -218,12 +231,16 @@ def _shape_label(case: Mapping[str, Any]) -> str:
     return points[0].shape if points else str(case.get("id"))
 
 
-def _export_overhead(case: Mapping[str, Any]) -> tuple[str, float | None]:
-    """(shape label, export overhead in the case's primary mode, None where absent)."""
+def _export_overhead(case: Mapping[str, Any]
+                     ) -> tuple[tuple[str | None, str], float | None]:
+    """((gate regime, shape label), export overhead in the case's primary mode, None where
+    absent)."""
+    gates = get_field(case, "gates.name")
+    key = (None if gates is None else str(gates), _shape_label(case))
     overhead = case.get("export_overhead")
     if not isinstance(overhead, Mapping):
-        return _shape_label(case), None
-    return _shape_label(case), to_number(overhead.get(case.get("primary_mode")))
+        return key, None
+    return key, to_number(overhead.get(case.get("primary_mode")))
 
 
 def _breakdown_lines(cases: Sequence[Mapping[str, Any]]) -> list[str]:

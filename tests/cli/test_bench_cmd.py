@@ -49,10 +49,14 @@ def test_json_output(monkeypatch, tmp_path, shapes_file):
     _, found = bench_json(tmp_path / "out", shapes_file, "--reps", "7")
     assert found["ok"] and found["modes"] == ["eager", "graph"] and found["fla_skipped"] is None
     assert verify_file(found["receipt"]).ok
-    assert [s["shape"] for s in found["shapes"]] == ["64x1x(2x32)", "128x2x1"]
+    assert found["gates"] == ["long-memory", "fast-decay"] and found["shape_set"] == "file"
+    assert [s["id"] for s in found["shapes"]] == [
+        "64x1x(2x32)/long-memory", "64x1x(2x32)/fast-decay", "128x2x1/long-memory",
+        "128x2x1/fast-decay"]
+    assert found["shapes"][1]["graph_checks"]["fla"]["problem"] is None
     graph = found["summary"]["per_mode"]["graph"]
     assert graph["median_ratio_fla_over_kdabench"] == pytest.approx(2.5)
-    assert len(found["plots"]) == 2 and all(Path(p).exists() for p in found["plots"])
+    assert len(found["plots"]) == 4 and all(Path(p).exists() for p in found["plots"])
 
 
 def test_table_output(monkeypatch, tmp_path, shapes_file):
@@ -61,6 +65,8 @@ def test_table_output(monkeypatch, tmp_path, shapes_file):
     assert result.exit_code == 0, result.output
     assert "fla/kdabench" in result.stdout and "64x1x(2x32)" in result.stdout
     assert "graph: median fla/kdabench 2.50x" in result.stdout
+    assert "graph · fast-decay: median fla/kdabench 2.50x" in result.stdout
+    assert "long-memory" in result.stdout and "gates" in result.stdout
     assert "policy gain" not in result.stdout and "baseline" not in result.stdout
     assert not list(tmp_path.glob("*.png"))
 
@@ -76,7 +82,7 @@ def test_without_out_the_receipt_and_plots_go_to_the_working_folder(monkeypatch,
     assert result.exit_code == 0, result.output
     for folder in (tmp_path / "from-env", tmp_path / ".kdabench"):
         assert len(list(folder.glob("bench-*.json"))) == 1
-        assert len(list(folder.glob("bench-*.png"))) == 2
+        assert len(list(folder.glob("bench-*.png"))) == 4  # per mode and gate regime
 
 
 def test_fla_absent_message(monkeypatch, tmp_path, shapes_file):
@@ -91,7 +97,7 @@ def test_sanity_failure_exits_1(monkeypatch, tmp_path, shapes_file):
     use_backend(monkeypatch, output_error=0.3)
     result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot")
     assert result.exit_code == 1, result.output
-    assert "2 of 2 shapes did not pass" in result.stderr
+    assert "4 of 4 cases did not pass" in result.stderr
     assert list(tmp_path.glob("bench-*.json"))  # the receipt is still written
 
 
@@ -133,7 +139,7 @@ def test_policy_mode_option(monkeypatch, tmp_path, shapes_file):
     table = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
                    "--policy-mode", "auto")
     assert table.exit_code == 0, table.output
-    assert "policy AUTO: kernel configs 4 from fake" in table.stdout
+    assert "policy AUTO: kernel configs 8 from fake" in table.stdout
     assert "policy AUTO" in table.stderr  # the header line
 
 
@@ -153,15 +159,15 @@ def test_baseline_policy_option(monkeypatch, tmp_path, shapes_file):
     assert found["shapes"][0]["policy_gain"]["graph"] == pytest.approx(0.10 / 0.08)
     assert found["shapes"][0]["median_ms"]["graph"]["kdabench-baseline"] > 0
     assert found["summary"]["per_mode"]["eager"]["median_policy_gain"] == pytest.approx(1.2)
-    assert found["summary"]["same_config_shapes"] == 1
+    assert found["summary"]["same_config_shapes"] == 2  # 64x1x(2x32) under both regimes
     table = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot",
                    "--baseline-policy", "HEURISTIC_ONLY")
     assert table.exit_code == 0, table.output
     assert "policy gain" in table.stdout and "1.25x*" in table.stdout
-    assert ("graph: policy AUTO vs HEURISTIC_ONLY: median 1.25x, min 1.25x, 1 of 2 shapes "
+    assert ("graph: policy AUTO vs HEURISTIC_ONLY: median 1.25x, min 1.25x, 2 of 4 cases "
             "share a config") in table.stdout
-    assert "policy AUTO: kernel configs 4 from fake" in table.stdout
-    assert "baseline HEURISTIC_ONLY: kernel configs 2 from fake" in table.stdout
+    assert "policy AUTO: kernel configs 8 from fake" in table.stdout
+    assert "baseline HEURISTIC_ONLY: kernel configs 4 from fake" in table.stdout
     assert "policy AUTO (baseline HEURISTIC_ONLY)" in table.stderr  # the header line
 
 
@@ -207,8 +213,8 @@ def test_backends_option_table(monkeypatch, tmp_path, shapes_file):
     assert "graph: median fla/kdabench 2.50x" in result.stdout
     assert ("graph: cute backend: median fla/cute 4.00x (min 4.00x) · median triton/cute "
             "1.60x (min 1.60x)") in result.stdout
-    assert "policy AUTO: kernel configs 4 from fake" in result.stdout
-    assert "backend cute: kernel configs 2 from cute backend, aot fake/sm_90a" in result.stdout
+    assert "policy AUTO: kernel configs 8 from fake" in result.stdout
+    assert "backend cute: kernel configs 4 from cute backend, aot fake/sm_90a" in result.stdout
 
 
 def test_default_backend_adds_no_column(monkeypatch, tmp_path, shapes_file):
@@ -245,7 +251,7 @@ def test_breakdown_option(monkeypatch, tmp_path, shapes_file):
     assert result.exit_code == 0, result.output
     assert "where the GPU time goes (microseconds per call, mean of 4 eager calls" in \
         result.stdout
-    assert "64x1x(2x32) kdabench: 12 us: kda_state_pass_kernel 9, cast_kernel 4" in \
+    assert "64x1x(2x32)/fast-decay kdabench: 12 us: kda_state_pass_kernel 9, cast_kernel 4" in \
         result.stdout
     _, found = bench_json(tmp_path, shapes_file, "--no-plot", "--breakdown", "2")
     assert found["shapes"][0]["breakdown"]["kdabench"]["calls"] == 2
@@ -256,10 +262,11 @@ def test_breakdown_option(monkeypatch, tmp_path, shapes_file):
 def test_shard_option(monkeypatch, tmp_path, shapes_file):
     use_backend(monkeypatch)
     result, found = bench_json(tmp_path, shapes_file, "--no-plot", "--shard", "1/2")
-    assert [s["shape"] for s in found["shapes"]] == ["64x1x(2x32)"]
+    assert [s["shape"] for s in found["shapes"]] == ["64x1x(2x32)"] * 2
     receipt = load_receipt(found["receipt"])
-    assert receipt["config"]["shard"] == "1/2" and receipt["cases"][0]["index"] == 0
-    assert "bench · 1 shapes (shard 1/2) ·" in result.stderr  # the header line
+    assert receipt["config"]["shard"] == "1/2"
+    assert [c["index"] for c in receipt["cases"]] == [0, 1]
+    assert "1 shapes (shard 1/2) x gates long-memory, fast-decay ·" in result.stderr
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -291,9 +298,11 @@ def test_merge_joins_bench_shards_and_draws_the_plots(monkeypatch, tmp_path, sha
     assert "merged 2 bench shard receipt(s)" in result.stdout
     merged = load_receipt(out)
     assert verify_file(out).ok and merged["status"] == "complete"
-    assert [c["index"] for c in merged["cases"]] == [0, 1]
+    assert [c["index"] for c in merged["cases"]] == [0, 1, 2, 3]
     assert merged["config"]["bench_summary"]["shapes"] == 2
-    plots = [tmp_path / f"merged-{mode}.png" for mode in ("eager", "graph")]
+    assert merged["config"]["bench_summary"]["cases"] == 4
+    plots = [tmp_path / f"merged-{mode}-{regime}.png" for mode in ("eager", "graph")
+             for regime in ("long-memory", "fast-decay")]
     assert all(path.exists() for path in plots)
     assert f"plot {plots[0]}" in result.stdout
     found = json.loads(invoke("merge", "--force", "--json", out, *shards).stdout)
@@ -320,3 +329,114 @@ def test_merge_a_plot_failure_keeps_the_receipt(monkeypatch, tmp_path, shapes_fi
     assert result.exit_code == 0, result.output
     assert "the plots were not drawn: RuntimeError: no backend for matplotlib" in result.stderr
     assert verify_file(out).ok
+
+
+def quick_stand_in(monkeypatch, tmp_path: Path) -> list:
+    """`load_shapes` answering every spec with the tiny shapes (named as the packaged set
+    asked for), so --quick runs in a test; the specs asked for."""
+    import dataclasses
+
+    from kdabench import bench
+    from kdabench.bench import SHAPE_SETS, parse_shapes
+
+    asked = []
+
+    def load_shapes(spec):
+        asked.append(spec)
+        tiny = parse_shapes(TINY_SHAPES, origin="tiny.toml")
+        return dataclasses.replace(tiny, set_name=spec if spec in SHAPE_SETS else None)
+
+    monkeypatch.setattr(bench, "load_shapes", load_shapes)
+    return asked
+
+
+def test_quick_is_graph_replay_20_reps_the_quick_set_and_both_regimes(monkeypatch, tmp_path):
+    use_backend(monkeypatch)
+    asked = quick_stand_in(monkeypatch, tmp_path)
+    result = invoke("bench", "--quick", "--out", tmp_path, "--no-plot", "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    assert asked == ["quick"] and found["shape_set"] == "quick"
+    assert found["modes"] == ["graph"] and found["gates"] == ["long-memory", "fast-decay"]
+    receipt = load_receipt(found["receipt"])
+    assert receipt["kind"] == "bench" and receipt["config"]["reps"] == 20
+    assert receipt["config"]["kernels"][0] == "fla"
+    assert all(len(c["modes"]["graph"]["kdabench"]["samples_ms"]) == 20
+               for c in receipt["cases"])
+    assert "bench · quick: 2 shapes x gates long-memory, fast-decay" in result.stderr
+    mine = invoke("bench", "--quick", "--shapes", "mine.toml", "--modes", "eager,graph",
+                  "--reps", "5", "--out", tmp_path, "--no-plot", "--json")
+    assert mine.exit_code == 0, mine.output
+    found = json.loads(mine.stdout)
+    assert asked[-1] == "mine.toml" and found["shape_set"] == "file"
+    assert found["modes"] == ["eager", "graph"]
+    assert load_receipt(found["receipt"])["config"]["reps"] == 5
+
+
+def test_shapes_takes_a_packaged_set_by_name(monkeypatch, tmp_path):
+    use_backend(monkeypatch)
+    asked = quick_stand_in(monkeypatch, tmp_path)
+    result = invoke("bench", "--shapes", "quick", "--out", tmp_path, "--no-plot", "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    assert asked == ["quick"] and found["shape_set"] == "quick"
+    assert found["modes"] == ["eager", "graph"]  # --shapes quick alone is not --quick
+    assert load_receipt(found["receipt"])["config"]["reps"] == 100
+
+
+def test_an_unknown_shape_set_exits_2(monkeypatch, tmp_path):
+    use_backend(monkeypatch)
+    assert_one_line_error(invoke("bench", "--shapes", "quik", "--out", tmp_path), 2,
+                          "quik: no such shapes file, nor a packaged set (default, quick)")
+
+
+def test_gates_option(monkeypatch, tmp_path, shapes_file):
+    use_backend(monkeypatch)
+    stats = tmp_path / "layer.json"
+    stats.write_text(json.dumps({"schema": "kdabench.gate-stats.v1", "mean": [-0.2] * 64,
+                                 "std": [0.1] * 64}))
+    _, found = bench_json(tmp_path / "out", shapes_file, "--no-plot", "--gates",
+                          f"fast-decay, {stats}")
+    assert found["gates"] == ["fast-decay", "layer"]
+    assert [s["id"] for s in found["shapes"]][:2] == ["64x1x(2x32)/fast-decay",
+                                                      "64x1x(2x32)/layer"]
+    config = load_receipt(found["receipt"])["config"]
+    assert config["gates"][1]["file"] == "layer.json" and str(tmp_path) not in \
+        json.dumps(config["gates"])
+    table = invoke("bench", "--shapes", shapes_file, "--out", tmp_path / "out", "--no-plot",
+                   "--gates", "fast-decay")
+    assert table.exit_code == 0, table.output
+    assert "fast-decay" in table.stdout and "long-memory" not in table.stdout
+    assert "graph · fast-decay" not in table.stdout  # one regime: no per-regime lines
+
+
+STATS = 'schema = "kdabench.gate-stats.v1"\nmean = [{mean}]\nstd = [1.0]\n'
+
+
+@pytest.mark.parametrize("gates, text, fragment", [
+    ("slow", None, "'slow' is neither a regime"),
+    (",", None, "--gates takes a comma-separated list"),
+    ("absent.toml", None, "no such gate-stats file"),
+    ("bad.toml", STATS.format(mean="0.5"), "mean must be <= 0"),
+    ("short.toml", STATS.format(mean="-0.5"), "1 channels, but the shapes have head_dim 64"),
+], ids=["unknown", "empty", "absent", "positive-mean", "channels"])
+def test_bad_gates_exit_2(monkeypatch, tmp_path, shapes_file, gates, text, fragment):
+    use_backend(monkeypatch)
+    if text is not None:
+        (tmp_path / gates).write_text(text)
+    if gates.endswith(".toml"):
+        gates = str(tmp_path / gates)
+    result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path / "out", "--gates",
+                    gates)
+    assert_one_line_error(result, 2, fragment)
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_explains_quick_and_gates():
+    result = invoke("bench", "--help")
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    for fragment in ("--quick", "under a minute on an H200",
+                     "--shapes quick --modes graph --reps 20", "--gates", "fast-decay", "kdabench.gate-stats.v1",
+                     "NAME|FILE", "replayed once per input set"):
+        assert fragment in text, fragment
