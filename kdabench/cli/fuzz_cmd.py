@@ -54,10 +54,14 @@ def _device():
 @click.option("--corpus", "corpus_dir", type=click.Path(path_type=Path, file_okay=False),
               default=None, help="Write a seed corpus into this folder (one passing case "
               "per fault class and a valid one) instead of fuzzing.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Worker processes per backend, sharing the device, each from its own seed "
+              "(worker i: seed + i * 1000000). Default on a GPU: min(8, CPU cores / 2); on "
+              "the CPU: 1.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def fuzz(backend: str | None, backends: str | None, count: int | None, seconds: float | None,
          seed: int, out_dir: Path | None, replay_path: Path | None, corpus_dir: Path | None,
-         as_json: bool) -> None:
+         workers: int | None, as_json: bool) -> None:
     """Fuzz the prefill's runtime metadata and write a receipt (kind "fuzz").
 
     Seeded sets of metadata, valid ones (ragged batches, short and length-1 sequences,
@@ -67,7 +71,9 @@ def fuzz(backend: str | None, backends: str | None, count: int | None, seconds: 
     error code comes from the metadata oracle. Valid sets: outputs, final states and
     checkpoints against the float64 recurrence, every slot not named unchanged bit for bit.
     Faulty sets: the exact error bits, an all-NaN output, the whole pool unchanged bit for
-    bit. A failing set is shrunk and written as a JSON case beside the receipt.
+    bit. A failing set is shrunk and written as a JSON case beside the receipt. On a GPU
+    the sets run in several worker processes (--workers) that share it; the receipt's
+    seconds are the wall time of the timed sets, warm-up compiles apart.
 
     Exit 0 when nothing failed, 1 for a finding (or a replayed case that still fails), 2 for
     bad input (an unknown backend, a file that is not a case, no backend that can run here).
@@ -84,12 +90,16 @@ def fuzz(backend: str | None, backends: str | None, count: int | None, seconds: 
     device = _device()
     from kdabench.fuzz import CPU_LIMITS, GPU_LIMITS, Campaign
     from kdabench.fuzz.receipt import run_campaign
+    from kdabench.qualify.parallel import default_workers
 
-    limits = GPU_LIMITS if device.type == "cuda" else CPU_LIMITS
+    gpu = device.type == "cuda"
+    limits = GPU_LIMITS if gpu else CPU_LIMITS
     if count is None and seconds is None:
         count = 2000
+    if workers is None:
+        workers = default_workers(1) if gpu else 1
     campaign = Campaign(names, seed, count, seconds, device, limits,
-                        warm=device.type == "cuda")  # the interpreter compiles nothing
+                        warm=gpu, workers=workers)  # the interpreter compiles nothing
     console = Console(stderr=True, highlight=False)
     with Progress(TextColumn("{task.description}"), TextColumn("{task.completed} sets"),
                   TimeElapsedColumn(), console=console, transient=True) as progress:

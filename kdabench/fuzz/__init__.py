@@ -7,8 +7,9 @@ The modules: `classes` (the fault classes and their bits), `sets` (one set's met
 and faulty sets), `rig` (a plan's device buffers, reused by every set), `check` (run one set
 and check it against the metadata oracle and the float64 recurrence), `shrink` (greedy
 shrinking of a failing set), `cases` (JSON case files and their replay), `corpus` (the seed
-corpus of one case per fault class), `run` (a campaign over backends), `receipt` (the
-"fuzz" receipt). Every expected error code comes from
+corpus of one case per fault class), `run` (a campaign over backends), `parallel` and
+`worker` (a backend's sets in worker processes sharing the device), `receipt` (the "fuzz"
+receipt). Every expected error code comes from
 kdabench.oracles.metadata.expected_error_code, never from the kernel.
 """
 

@@ -26,6 +26,11 @@ def run_campaign(campaign: Campaign, *, out_dir: str | os.PathLike | None = None
     runs = []
     with builder.writer(path) as receipt:
         for backend in campaign.backends:
-            runs.append(campaign.run_backend(backend, on_progress))
+            if campaign.workers > 1:
+                from kdabench.fuzz.parallel import run_backend_parallel
+
+                runs.append(run_backend_parallel(campaign, backend, on_progress))
+            else:
+                runs.append(campaign.run_backend(backend, on_progress))
             receipt.add_case(runs[-1].record())
     return runs, path

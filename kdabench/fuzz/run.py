@@ -3,6 +3,7 @@ and checked; failures shrunk and written as cases; one receipt (kind "fuzz") for
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections import Counter
@@ -47,6 +48,8 @@ class BackendRun:
     per_capacity: Counter = field(default_factory=Counter)
     seconds: float = 0.0
     warmup_seconds: float = 0.0
+    started_at: float = 0.0  # epoch seconds at which the timed sets began
+    seeds: list[int] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -68,8 +71,41 @@ class BackendRun:
             "per_capacity": {str(k): v for k, v in sorted(self.per_capacity.items())},
             "seconds": round(self.seconds, 3), "warmup_seconds": round(self.warmup_seconds, 3),
             "sets_per_second": None if rate is None else round(rate, 2),
+            "workers": len(self.seeds), "seeds": self.seeds,
             "findings": self.findings,
         }
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, for a worker to hand to its parent (see :meth:`from_json`)."""
+        return {name: dict(value) if isinstance(value, Counter) else value
+                for name, value in vars(self).items()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BackendRun:
+        counters = {"per_class", "per_bit", "per_capacity"}
+        run = cls(**{k: Counter(v) if k in counters else v for k, v in data.items()})
+        run.per_capacity = Counter({int(k): v for k, v in run.per_capacity.items()})
+        return run
+
+
+def merge_runs(runs: list[BackendRun]) -> BackendRun:
+    """One backend's workers as one run: counts summed, findings joined; `seconds` is the
+    wall time from the first worker's first timed set to the last worker's last, and
+    `warmup_seconds` the longest warm-up."""
+    out = BackendRun(runs[0].backend)
+    for run in runs:
+        for name in ("sets", "valid", "faulty", "high", "failed"):
+            setattr(out, name, getattr(out, name) + getattr(run, name))
+        for name in ("per_class", "per_bit", "per_capacity"):
+            getattr(out, name).update(getattr(run, name))
+        out.seeds += run.seeds
+        out.findings += run.findings
+    timed = [run for run in runs if run.seeds]  # a worker that died timed nothing
+    if timed:
+        out.started_at = min(run.started_at for run in timed)
+        out.seconds = max(run.started_at + run.seconds for run in timed) - out.started_at
+    out.warmup_seconds = max(run.warmup_seconds for run in runs)
+    return out
 
 
 @dataclass
@@ -86,11 +122,15 @@ class Campaign:
     slot_line: int = INT32_LINE
     warm: bool = True
     target: Target | None = None
+    finding_tag: str = ""  # prefix of the finding files (default: the backend)
+    workers: int = 1  # worker processes per backend (kdabench.fuzz.parallel)
+    warm_part: tuple[int, int] = (0, 1)  # (i, n): this process warms up every n-th run from i
+    on_warm: Callable[[], None] | None = None  # called after the warm-up, before the clock
 
     def config(self) -> dict[str, Any]:
         return {"seed": self.seed, "count": self.count, "seconds": self.seconds,
                 "backends": self.backends, "limits": self.limits.to_dict(),
-                "slot_line": self.slot_line, "warm": self.warm,
+                "slot_line": self.slot_line, "warm": self.warm, "workers": self.workers,
                 "tolerances": dict(DEFAULT_TOLERANCES),
                 "fault_classes": {n: {"bit": c.bit.name, "what": c.what}
                                   for n, c in FAULT_CLASSES.items()},
@@ -103,7 +143,7 @@ class Campaign:
         """Fuzz one backend until `count` sets or `seconds` are spent, whichever comes first."""
         from kdabench import kernels
 
-        out = BackendRun(backend)
+        out = BackendRun(backend, seeds=[self.seed])
         caps = kernels.Caps(device=self.device, num_heads=self.limits.heads,
                             head_dim=self.limits.head_dim, max_tokens=self.limits.max_tokens,
                             max_seqs=self.limits.max_seqs, max_state_slots=1, backend=backend)
@@ -118,7 +158,10 @@ class Campaign:
         started = time.perf_counter()
         if self.warm:
             self._warm_up(backend, rigs, target, base)
+        if self.on_warm is not None:
+            self.on_warm()
         out.warmup_seconds = time.perf_counter() - started
+        out.started_at = time.time()
         started = time.perf_counter()
         for fset in generate(self.limits, self.seed):
             elapsed = time.perf_counter() - started
@@ -151,27 +194,27 @@ class Campaign:
         return out
 
     def _warm_up(self, backend: str, rigs: Rigs, target: Target, base: int) -> None:
-        """Compile every integer specialisation of the bound sizes before the clock starts."""
+        """Compile every integer specialisation of the bound sizes before the clock starts
+        (this process's part of them: workers split the compiles, and each loads the others'
+        from Triton's on-disk cache)."""
         bases = (0, base) if self.limits.high_share else (0,)
-        for capacity in (1, 2, 4):
-            for slot_base in bases:
-                rig = rigs.get(backend, Shape(self.limits, capacity, self.seed, slot_base))
-                for tokens in WARM_TOKENS:
-                    for slots in WARM_TOKENS:
-                        for rows in (1, 2):
-                            for dtype in ("int32", "int64"):
-                                fset = FuzzSet(capacity, [0, 1] + [1] * (rows - 1), 1,
-                                               [-1] * rows, [0] + [-1] * (rows - 1),
-                                               [[1] * capacity] * rows,
-                                               [[-1] * capacity] * rows, slots, tokens, dtype)
-                                run_set(rig, fset.rebased(slot_base), target)
+        index, parts = self.warm_part
+        runs = itertools.product((1, 2, 4), bases, WARM_TOKENS, WARM_TOKENS, (1, 2),
+                                 ("int32", "int64"))
+        for capacity, slot_base, tokens, slots, rows, dtype in \
+                itertools.islice(runs, index, None, parts):
+            rig = rigs.get(backend, Shape(self.limits, capacity, self.seed, slot_base))
+            fset = FuzzSet(capacity, [0, 1] + [1] * (rows - 1), 1, [-1] * rows,
+                           [0] + [-1] * (rows - 1), [[1] * capacity] * rows,
+                           [[-1] * capacity] * rows, slots, tokens, dtype)
+            run_set(rig, fset.rebased(slot_base), target)
 
     def _finding(self, backend: str, rig, shape: Shape, fset: FuzzSet, result, target,
                  number: int) -> dict[str, Any]:
         check = result.first
         small, tries = shrink(fset, lambda c: run_set(rig, c, target).first == check)
         final = run_set(rig, small, target)
-        name = f"{backend}-{number + 1:03d}.json"
+        name = f"{self.finding_tag or backend}-{number + 1:03d}.json"
         path = write_case(self.findings_dir / name, case_document(backend, shape, small, final))
         return {"file": f"{self.findings_dir.name}/{path.name}", "check": check,
                 "message": result.failures[0].message, "faults": fset.faults,

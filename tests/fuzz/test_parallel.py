@@ -1,0 +1,74 @@
+"""Fuzzing in worker processes: the split of counts and seeds, the merge, a dead worker as a
+finding, and a real two-worker campaign under the interpreter."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from kdabench.fuzz import CPU_LIMITS, Campaign, parallel
+from kdabench.fuzz.run import BackendRun, merge_runs
+
+
+def test_counts_split_evenly_and_add_up():
+    assert parallel.worker_counts(10, 4) == [3, 3, 3, 1]
+    assert parallel.worker_counts(3, 4) == [1, 1, 1, 0]
+    assert sum(parallel.worker_counts(10_000, 8)) == 10_000
+    assert parallel.worker_counts(None, 2) == [None, None]
+
+
+def test_worker_zero_keeps_the_campaign_seed():
+    assert parallel.worker_seeds(7, 3) == [7, 7 + parallel.SEED_STRIDE,
+                                           7 + 2 * parallel.SEED_STRIDE]
+
+
+def test_merge_sums_counts_and_spans_the_wall_time():
+    a = BackendRun("triton", sets=5, valid=2, faulty=3, failed=1, seconds=2.0, started_at=100.0,
+                   seeds=[0], per_class=Counter({"duplicate-final": 2}),
+                   findings=[{"file": "a"}])
+    b = BackendRun("triton", sets=4, valid=4, seconds=3.0, started_at=101.5, seeds=[9],
+                   per_class=Counter({"duplicate-final": 1, "offset-zero": 1}),
+                   warmup_seconds=7.0)
+    merged = merge_runs([a, b])
+    assert (merged.sets, merged.valid, merged.faulty, merged.failed) == (9, 6, 3, 1)
+    assert merged.per_class == Counter({"duplicate-final": 3, "offset-zero": 1})
+    assert merged.seeds == [0, 9] and merged.findings == [{"file": "a"}]
+    assert merged.seconds == pytest.approx(4.5)  # 100.0 .. 104.5
+    assert merged.warmup_seconds == 7.0
+
+
+def test_a_result_survives_the_trip_through_json():
+    run = BackendRun("cute", sets=3, per_capacity=Counter({4: 3}), seeds=[1], started_at=5.0)
+    again = BackendRun.from_json(json.loads(json.dumps(run.to_json())))
+    assert again == run
+
+
+def test_a_worker_that_dies_is_a_failed_set_with_its_log(tmp_path, monkeypatch):
+    monkeypatch.setattr(parallel, "_command", lambda *args: [
+        sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"])
+    campaign = Campaign(["triton"], 0, 4, None, torch.device("cpu"), CPU_LIMITS,
+                        tmp_path / "findings", warm=False, workers=2)
+    run = parallel.run_backend_parallel(campaign, "triton")
+    assert run.failed == 2 and not run.ok
+    assert all(f["check"] == "worker" and "boom" in f["log_tail"] for f in run.findings)
+
+
+@pytest.mark.interpreter
+def test_two_workers_fuzz_apart_and_merge(tmp_path):
+    campaign = Campaign(["triton"], 0, 30, None, torch.device("cpu"), CPU_LIMITS,
+                        tmp_path / "findings", warm=False, workers=2)
+    seen = []
+    run = parallel.run_backend_parallel(campaign, "triton",
+                                        lambda _backend, done: seen.append(done))
+    assert run.ok, run.findings
+    assert run.sets == 30 and run.seeds == [0, parallel.SEED_STRIDE]
+    assert run.valid + run.faulty == 30
+    assert seen and seen[-1] == 30
+    alone = Campaign(["triton"], 0, 15, None, torch.device("cpu"), CPU_LIMITS,
+                     tmp_path / "alone", warm=False).run_backend("triton")
+    # worker 0 drew what a one-process run with the campaign's seed draws
+    assert alone.per_class <= run.per_class and alone.per_capacity <= run.per_capacity
