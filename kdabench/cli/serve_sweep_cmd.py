@@ -19,14 +19,15 @@ from rich.table import Table
 from rich.text import Text
 
 from kdabench.cli.errors import Finding, UserError, print_error
+from kdabench.cli.serve_local_cmd import PRESET_NAMES
 from kdabench.receipts import ReceiptError
+from kdabench.stats import median
 from kdabench.sweep.arms import PACKAGED, ArmsError, load_arms
 from kdabench.sweep.cases import UNVERIFIED, case_ok, unverified, unverified_arms
 from kdabench.sweep.client import APIS
 from kdabench.sweep.options import SCHEDULES, SweepError, SweepOptions
 from kdabench.sweep.runner import Sweep, SweepResult
 from kdabench.sweep.servers import EMBEDDED_MAX_MODEL_LEN
-from kdabench.sweep.stats import median
 
 
 def _sizes(text: str | None) -> tuple[int, ...] | None:
@@ -44,6 +45,21 @@ def _sizes(text: str | None) -> tuple[int, ...] | None:
     return sizes
 
 
+def _pairs(text: str | None) -> tuple[tuple[int, int], ...] | None:
+    """--shared-prefix "8192:4096,65536:57344" as ((8192, 4096), (65536, 57344))."""
+    if text is None:
+        return None
+    try:
+        pairs = tuple((int(total), int(shared)) for total, shared in
+                      (part.split(":") for part in text.split(",") if part.strip()))
+    except ValueError:
+        raise UserError(f"--shared-prefix {text!r}: give P1:SHARED token counts, e.g. "
+                        "8192:4096,65536:57344") from None
+    if not pairs:
+        raise UserError("--shared-prefix needs at least one P1:SHARED case")
+    return pairs
+
+
 @click.command("serve-sweep")
 @click.option("--arms", "arms_spec", default="local", show_default=True, metavar="FILE|NAME",
               help=f"Arms file (TOML) or a packaged one: {', '.join(sorted(PACKAGED))}.")
@@ -58,7 +74,7 @@ def _sizes(text: str | None) -> tuple[int, ...] | None:
               "each request must fit the server's max_model_len (the embedded server's: "
               f"{EMBEDDED_MAX_MODEL_LEN}).")
 @click.option("--samples", type=int, default=None,
-              help="Cold samples per arm and prompt size (default: the arms file's, else 3).")
+              help="Cold samples per arm and prompt size (default: the arms file's, else 5).")
 @click.option("--rounds", type=int, default=None,
               help="Interleaved rounds the samples are spread over (default: one per sample).")
 @click.option("--schedule", type=click.Choice(SCHEDULES), default=None,
@@ -81,8 +97,16 @@ def _sizes(text: str | None) -> tuple[int, ...] | None:
               help="Warmups per arm and prompt size, never counted (default 1).")
 @click.option("--decode-window", "decode_window_s", type=float, default=None, metavar="S",
               help="Seconds of decode measured per arm (default: the arms file's, else 2).")
+@click.option("--shared-prefix", "shared_prefix", metavar="P1:SHARED,...", default=None,
+              help="Shared-prefix cases: P1's tokens and how many of them P2 shares (default: "
+              "the arms file's, else 8192:4096,65536:57344). A case longer than the largest "
+              "prompt size is skipped, and the receipt says so.")
 @click.option("--shared-prefix-tokens", type=int, default=None, metavar="N",
-              help="Length of the shared-prefix pair; the second shares the first half.")
+              help="One shared-prefix case instead: P1 of N tokens, P2 sharing its first half.")
+@click.option("--model", type=click.Choice(PRESET_NAMES), default=None,
+              help="Model preset of the embedded server, or '--model PRESET' appended to the "
+              "--launch command (see kdabench serve-local --help). Default: the server's "
+              "(kimi-linear-tp4 on a GPU, tiny on a CPU).")
 @click.option("--drift-bound", type=float, default=None,
               help="Max |logprob(cold) - logprob(cached)| the probes allow (default 0.05).")
 @click.option("--seed", type=int, default=None, help="Seed of prompt filler and bootstrap.")
@@ -101,24 +125,26 @@ def _sizes(text: str | None) -> tuple[int, ...] | None:
 def serve_sweep(arms_spec: str, endpoint: str | None, launch_cmd: str | None,
                 prompt_tokens: str | None, samples: int | None, rounds: int | None,
                 warmups: int | None, decode_window_s: float | None,
-                shared_prefix_tokens: int | None, drift_bound: float | None, seed: int | None,
+                shared_prefix: str | None, shared_prefix_tokens: int | None, model: str | None,
+                drift_bound: float | None, seed: int | None,
                 api: str | None, health_timeout_s: float | None, api_key_env: str, out_dir: Path | None,
                 schedule: str | None, blocks: int | None, tokenizer: str | None,
                 as_json: bool) -> None:
     """Measure cold TTFT, prefill rate and decode of a server across flag arms.
 
     Every arm's server runs at once (the embedded reference server by default, one per
-    arm; or --launch CMD per arm; or --endpoint URL; with --schedule blocks, one at a
-    time). Per arm: warmups (not counted),
-    exact-answer and cache probes, activation patterns over the server log before
-    timing and after; then cold samples in interleaved rounds (A B C, then C B A, ...),
+    arm, on the GPU with kdabench's Triton kernel where CUDA is present, else on the CPU;
+    or --launch CMD per arm; or --endpoint URL; with --schedule blocks, one at a time).
+    Per arm: warmups (not counted), exact-answer and cache probes, activation patterns
+    over the server log before timing and after; then cold samples in interleaved rounds (A B C, then C B A, ...),
     every prompt unique from its first tokens, with zero cached tokens checked from the
     usage and /metrics (a cached sample is discarded and reported; where the server
     reports neither, the arm is "unverified": cold by construction, not verified by the
     server). A stream cut short is a failed sample. TTFT runs from
     sending the request to the first chunk carrying generated text. Medians come with
-    seeded bootstrap 95% intervals; rate = prompt tokens / median TTFT. A shared-prefix
-    pair shows what checkpoint export buys; decode is tokens/s over a fixed window,
+    seeded bootstrap 95% intervals; rate = prompt tokens / median TTFT. Shared-prefix
+    cases (P2 sharing 4,096 of P1's 8,192 tokens, and 57,344 of 65,536) show what
+    checkpoint export buys; decode is tokens/s over a fixed window,
     normalised by the speculative acceptance length. The receipt (kind "serve-sweep")
     keeps every raw sample; API keys are never written.
 
@@ -135,6 +161,7 @@ def serve_sweep(arms_spec: str, endpoint: str | None, launch_cmd: str | None,
         options = SweepOptions.resolve(arms.sweep, {
             "prompt_tokens": _sizes(prompt_tokens), "samples": samples, "rounds": rounds,
             "warmups": warmups, "decode_window_s": decode_window_s,
+            "shared_prefix": _pairs(shared_prefix),
             "shared_prefix_tokens": shared_prefix_tokens, "drift_bound": drift_bound,
             "seed": seed, "health_timeout_s": health_timeout_s, "api": api,
             "schedule": schedule, "blocks": blocks,
@@ -145,7 +172,7 @@ def serve_sweep(arms_spec: str, endpoint: str | None, launch_cmd: str | None,
         sweep = Sweep(arms, options, mode=mode, launch=launch_cmd, endpoint=endpoint,
                       out_dir=out_dir, api_key=os.environ.get(api_key_env) or None,
                       api_key_env=api_key_env, command_line=list(sys.argv),
-                      tokenizer=tokenizer)
+                      tokenizer=tokenizer, model=model)
     except (ArmsError, SweepError, ReceiptError, TypeError) as error:
         raise UserError(str(error)) from error
 
@@ -243,8 +270,31 @@ def _live(console: Console, renderable: Group, *, quiet: bool) -> Iterator[Live]
             console.line()  # a pipe gets the final render without its last newline
 
 
+def _runs_on_lines(servers: dict[str, Any]) -> list[str]:
+    """What the arms' servers said they run on (their /version), one line per description."""
+    arms_of: dict[str, list[str]] = {}
+    for arm, record in servers.items():
+        runs_on = record.get("runs_on") or {}
+        if runs_on.get("status") == "reported":
+            device = runs_on.get("device") or "an unnamed device"
+            details = ", ".join(f"{label} {runs_on[key]}" for key, label in (
+                ("compute_capability", "compute capability"), ("driver_version", "driver"))
+                if runs_on.get(key))
+            parts = [f"{device} ({details})" if details else device] + [
+                f"{label} {runs_on[key]}" for key, label in (
+                    ("backend", "backend"), ("model", "model"), ("torch", "torch"),
+                    ("triton", "Triton")) if runs_on.get(key)]
+            what = " · ".join(parts)
+        else:
+            what = "not reported (the server's /version does not say)"
+        arms_of.setdefault(what, []).append(arm)
+    return [f"runs on: {what} ({', '.join(arms)})" for what, arms in arms_of.items()]
+
+
 def _render(console: Console, sweep: Sweep, result: SweepResult) -> None:
     cases = result.cases
+    for line in _runs_on_lines(result.receipt["config"].get("servers") or {}):
+        console.print(escape(line))
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for case in cases:
         by_kind.setdefault(case["kind"], []).append(case)
@@ -258,31 +308,27 @@ def _render(console: Console, sweep: Sweep, result: SweepResult) -> None:
                       "-" if ci is None else f"{ci[0]:.1f}-{ci[1]:.1f}",
                       _fmt(case["rate_tok_s"], ",.0f"), _verdict(case))
     console.print(table)
-    extra = Table(title="probes, shared prefix, decode", box=box.SIMPLE_HEAD, pad_edge=False,
+    extra = Table(title="probes, decode", box=box.SIMPLE_HEAD, pad_edge=False,
                   collapse_padding=True)
-    for column in ("arm", "activation", "probes", "drift", "P2 ms", "P2 cached", "tok/s",
-                   "accept", "steps/s"):
+    for column in ("arm", "activation", "probes", "drift", "tok/s", "accept", "steps/s"):
         extra.add_column(column, justify="left" if column in ("arm", "activation") else "right",
                          no_wrap=True)
-    extra.caption = ("P2: the prompt sharing the first half of an earlier one (median TTFT, "
-                     "cached tokens); decode tok/s, acceptance length, steps/s")
+    extra.caption = "decode tok/s, acceptance length, steps/s"
     for state in sweep.states:
         name = state.arm.name
         probe = next((c for c in by_kind.get("probe", []) if c["arm"] == name), None)
-        shared = next((c for c in by_kind.get("shared-prefix", []) if c["arm"] == name), None)
         decode = next((c for c in by_kind.get("decode", []) if c["arm"] == name), None)
         extra.add_row(
             escape(name), state.activation_status,
             _verdict(probe) if probe else "-",
             _fmt(probe["drift"], ".2g") if probe and probe["drift"] is not None else "-",
-            _fmt(shared["p2_median_ms"]) if shared else "-",
-            _fmt(median([c for c in shared["p2_cached_tokens"] if c is not None]), ".0f")
-            if shared else "-",
             _fmt(decode["tokens_per_s"]) if decode else "-",
             _fmt(decode["acceptance_length"], ".2f") if decode else "-",
             _fmt(decode["steps_per_s"]) if decode else "-",
         )
     console.print(extra)
+    _render_shared_prefix(console, by_kind.get("shared-prefix", []),
+                          result.receipt["config"].get("shared_prefix_skipped", []))
     for failure in result.failures:
         console.print(f"[red]server failure[/red] {escape(failure['arm'])} during "
                       f"{escape(failure['phase'])}: {escape(failure['message'])}")
@@ -299,6 +345,30 @@ def _render(console: Console, sweep: Sweep, result: SweepResult) -> None:
                   + (f", {summary['skip'] - unsure} skip" if summary["skip"] > unsure else ""))
     if result.ok:
         console.print(_closing_line(cases))
+
+
+def _render_shared_prefix(console: Console, cases: list[dict[str, Any]],
+                          skipped: list[dict[str, Any]]) -> None:
+    """P2's TTFT per shared-prefix case and arm; the cases skipped, and why."""
+    if cases:
+        table = Table(title="shared prefix: P2 after P1 (median TTFT, bootstrap 95% CI)",
+                      box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        for column in ("arm", "P1 tokens", "shared", "n", "P2 median ms", "95% CI ms",
+                       "P1 median ms", "P2 cached"):
+            table.add_column(column, justify="left" if column == "arm" else "right",
+                             no_wrap=True)
+        for case in sorted(cases, key=lambda c: c["total_tokens"]):
+            ci = case.get("p2_ci95_ms")
+            cached = [c for c in case["p2_cached_tokens"] if c is not None]
+            table.add_row(escape(case["arm"]), str(case["total_tokens"]),
+                          str(case["shared_tokens"]), str(len(case["p2_ttft_ms"])),
+                          _fmt(case["p2_median_ms"]),
+                          "-" if ci is None else f"{ci[0]:.1f}-{ci[1]:.1f}",
+                          _fmt(case["p1_median_ms"]), _fmt(median(cached), ".0f"))
+        console.print(table)
+    for case in skipped:
+        console.print(f"shared prefix {case['total_tokens']}:{case['shared_tokens']} "
+                      f"skipped: {escape(case['reason'])}")
 
 
 def _closing_line(cases: list[dict[str, Any]]) -> str:

@@ -8,10 +8,11 @@ TTFT samples ``ttft_samples_ms`` (or ``ttft_ms.samples``, ``ttft.samples_ms``,
 ``samples_ms``), median ``ttft_median_ms`` (or ``ttft_ms.median``, ``ttft.median_ms``,
 ``median_ms``; else the median of the samples), 95% interval ``ttft_ci_ms`` (or
 ``ttft_ms.ci``, ``ttft.ci_ms``, ``ci95_ms``, ``ci_ms``; [low, high] or {"low", "high"}; else
-a seeded bootstrap of the samples, marked as computed here); ``rate_tok_s`` (else prompt
-tokens over the median); ``valid`` false marks an arm whose activation checks failed;
-verdict "skip" with ``status`` "unverified" marks a cell whose samples the server did not
-show cold (no cached-token count in usage or /metrics): cold by construction only.
+a seeded bootstrap of the samples, :func:`kdabench.stats.bootstrap_ci`, marked as computed
+here); ``rate_tok_s`` (else prompt tokens over the median); ``valid`` false marks an arm
+whose activation checks failed; verdict "skip" with ``status`` "unverified" marks a cell
+whose samples the server did not show cold (no cached-token count in usage or /metrics):
+cold by construction only.
 Decode: ``tokens_per_s`` (or ``decode_tokens_per_s``, ``decode.tokens_per_s``),
 ``acceptance_length`` (or ``decode.acceptance_length``), ``steps_per_s`` (or
 ``decode_steps_per_s``, ``decode.steps_per_s``; else tokens/s over the acceptance
@@ -22,14 +23,14 @@ prompt tokens per second, and a decode-rate table; unverified cells and cases sa
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kdabench import stats
+from kdabench.receipts import LoadedReceipt
 from kdabench.report.fields import finite_numbers, get_field, to_number
-from kdabench.report.loading import LoadedReceipt
 from kdabench.report.markdown import (
     device_name,
     fmt_case_id,
@@ -39,9 +40,7 @@ from kdabench.report.markdown import (
     md_table,
 )
 from kdabench.report.plotting import new_figure, save_png
-
-BOOTSTRAP_RESAMPLES = 2000
-
+from kdabench.report.serve_servers import server_lines, shared_prefix_lines
 
 TTFT_KINDS = (None, "cold-ttft", "ttft")  # case["kind"] of a TTFT cell (None: unmarked)
 UNVERIFIED = "unverified"
@@ -80,19 +79,6 @@ class ServePoint:
         return self.tokens_per_s is not None or self.steps_per_s is not None
 
 
-def bootstrap_ci(samples: Sequence[float], *, level: float = 0.95,
-                 resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the median (seeded: the same samples, the same CI)."""
-    import numpy as np
-
-    values = np.asarray(samples, dtype=float)
-    draws = np.random.default_rng(seed).choice(values, size=(resamples, values.size))
-    medians = np.median(draws, axis=1)
-    tail = (1.0 - level) / 2.0
-    low, high = np.quantile(medians, [tail, 1.0 - tail])
-    return float(low), float(high)
-
-
 def _interval(value: Any) -> tuple[float, float] | None:
     if isinstance(value, Mapping):
         value = [get_field(value, "low", "lo"), get_field(value, "high", "hi")]
@@ -116,12 +102,12 @@ def serve_point(case: Mapping[str, Any]) -> ServePoint:
                                      "median_ms"))
         if median is None:
             median = to_number(case.get("ttft_ms"))
-        if median is None and samples:
-            median = statistics.median(samples)
+        if median is None:
+            median = stats.median(samples)
         interval = _interval(get_field(case, "ttft_ci_ms", "ttft_ms.ci", "ttft.ci_ms",
                                        "ci95_ms", "ci_ms"))
         if interval is None and len(samples) >= 2:
-            interval, computed = bootstrap_ci(samples), True
+            interval, computed = stats.bootstrap_ci(samples), True
     prompt = to_number(get_field(case, "prompt_tokens_requested", "prompt_tokens",
                                  "prompt_size", "params.prompt_tokens"))
     rate = to_number(case.get("rate_tok_s"))
@@ -215,7 +201,7 @@ def serve_section(receipt: LoadedReceipt, plot_path: Path) -> tuple[list[str], l
     arm_order = {arm: i for i, arm in enumerate(dict.fromkeys(p.arm for p in points))}
     timed = sorted((p for p in points if p.has_ttft),
                    key=lambda p: (p.prompt_tokens or 0, arm_order[p.arm]))
-    lines = ["#### Cold TTFT per arm and prompt size", ""]
+    lines = [*server_lines(receipt.doc), "#### Cold TTFT per arm and prompt size", ""]
     if timed:
         def interval(p: ServePoint) -> str:
             if not p.ci_ms:
@@ -238,6 +224,10 @@ def serve_section(receipt: LoadedReceipt, plot_path: Path) -> tuple[list[str], l
     if plot_serve(points, plot_path, device_name(receipt.doc)):
         plots.append(plot_path)
         lines += [f"![TTFT per arm and prompt size]({plot_path.name})", ""]
+    shared, shared_plots = shared_prefix_lines(
+        receipt.doc, cases, plot_path.with_name(f"{plot_path.stem}-shared-prefix.png"))
+    lines += shared
+    plots += shared_plots
     decode = [p for p in points if p.has_decode]
     lines += ["#### Decode rates", ""]
     if decode:

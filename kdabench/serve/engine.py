@@ -1,22 +1,26 @@
-"""Prefill (with checkpoint export into the prefix cache) and greedy decode for the reference model.
+"""Prefill (chunked, retaining states into the prefix cache) and greedy decode for the model.
 
-Prefill backends, one math (section 2 of DESIGN.md, gate="sigmoid", qk_l2norm, beta_sigmoid):
+Prefill backends, one math (docs/DESIGN.md §2, gate="sigmoid", qk_l2norm, beta_sigmoid):
 
-* "kernel": `kdabench.kernels.kda_prefill` (the default on CUDA). Each layer's call gets a
-  small state pool [2 + 4, H, V, K]: slot 0 the initial state, slot 1 the final state, slots
-  2..5 the checkpoints (capacity 4, inactive entries -1).
+* "kernel": `kdabench.kernels` (the default on CUDA), planned once per engine (capacity 4, up
+  to `max_batched_tokens` tokens) and bound per layer and call to that layer's state pool.
 * "chunk": `chunk_kda_cpu` below, the default on the CPU: the chunk mirror's algorithm with
   every chunk's intra-chunk work batched at once (heads x chunks), leaving only the state
   hand-off between chunks as a Python loop; checked against the mirror in the tests.
 * "mirror": `kdabench.oracles.chunk_kda_mirror`, the readable chunked algorithm in plain
   torch fp32, one chunk at a time (slower; the reference the "chunk" path is tested against).
 
+Every backend reads and writes states in a pool [layers, slots, H, V, K] by slot index, as the
+kernel does: a call's initial state, its final state and its checkpoints are slots.
+
 Decode runs one token at a time through a small fp32 recurrence in the pool layout
 (S [H, V, K]):  S = S * exp(g);  S += beta (v - S k) k^T;  o = scale S q.
 
-`PromptPrefill` ties it to the prefix cache: resume from the longest cached prefix, then split
-the rest into kernel calls that each export up to 4 block-boundary checkpoints and end at the
-next boundary (or at the prompt's end), so every block boundary's state lands in the cache.
+`Engine.prefill_prompt` ties it to the prefix cache: resume from the longest cached prefix,
+split the rest into calls of at most `max_batched_tokens` tokens with the states the retention
+policy keeps (`kdabench.serve.retention`), and let each call write those states straight into
+reserved cache slots. One metadata upload per prompt, no host sync until the logits, and the
+same calls with export on or off: export adds only the kernel's checkpoint writes.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ import torch
 from kdabench.oracles import chunk_kda_mirror, l2_normalize, log_decay, prepare_inputs
 
 from .model import KdaInputs, KdaModel
-from .prefix_cache import CacheSettings, PrefixCache
+from .prefix_cache import PrefixCache, prefix_digests
+from .retention import CHECKPOINT_CAPACITY, plan_prefill_calls
+from .settings import CacheSettings
 
-CHECKPOINT_CAPACITY = 4  # checkpoints one kernel call exports (the kernel's largest capacity)
 BACKENDS = ("kernel", "chunk", "mirror")
 CHUNK_SIZE = 16  # as the mirror: chunk * |lower_bound| must stay under ~88 (exp(-G) in fp32)
+META_WIDTH = 4 + 2 * CHECKPOINT_CAPACITY  # cu_seqlens (2), initial, final, offsets, slots
 
 
 def chunk_kda_cpu(
@@ -113,7 +119,7 @@ def chunk_kda_cpu(
 
 @dataclass(frozen=True)
 class PrefillResult:
-    """One prefill call over all layers.
+    """One prefill call over all layers (the functional form, `Engine.prefill`).
 
     logits: fp32 [vocab], the next-token logits after the last token; final_state: fp32
     [layers, H, V, K]; checkpoint_states: fp32 [C, layers, H, V, K], one per requested offset.
@@ -125,48 +131,24 @@ class PrefillResult:
 
 
 @dataclass(frozen=True)
-class PrefillCall:
-    """Tokens start:stop of the prompt in one call; checkpoints: absolute positions to export."""
+class CallSlots:
+    """One call's state slots: initial (-1: zeros), final, and (offset, slot) checkpoints."""
 
-    start: int
-    stop: int
-    checkpoints: tuple[int, ...]
+    initial: int
+    final: int
+    checkpoints: tuple[tuple[int, int], ...] = ()
 
-
-def plan_prefill_calls(
-    start: int,
-    stop: int,
-    *,
-    block_tokens: int,
-    checkpoint_export: bool,
-    capacity: int = CHECKPOINT_CAPACITY,
-) -> list[PrefillCall]:
-    """Split the computed span start:stop into prefill calls.
-
-    Export off: one call, no checkpoints. Export on: the block boundaries strictly inside the
-    span (multiples of block_tokens) are taken in order, `capacity` of them as one call's
-    checkpoints, the next one as that call's end; the last call ends at `stop`.
-    """
-    if not 0 <= start < stop:
-        raise ValueError(f"empty or inverted prefill span {start}:{stop}")
-    if not checkpoint_export:
-        return [PrefillCall(start, stop, ())]
-    first = (start // block_tokens + 1) * block_tokens
-    boundaries = list(range(first, stop, block_tokens))
-    calls, call_start = [], start
-    while boundaries:
-        checkpoints, boundaries = boundaries[:capacity], boundaries[capacity:]
-        call_stop = boundaries.pop(0) if boundaries else stop
-        calls.append(PrefillCall(call_start, call_stop, tuple(checkpoints)))
-        call_start = call_stop
-    if call_start < stop:
-        calls.append(PrefillCall(call_start, stop, ()))
-    return calls
+    def row(self, num_tokens: int) -> list[int]:
+        """The call's kernel metadata as one int32 row (see META_WIDTH)."""
+        pad = CHECKPOINT_CAPACITY - len(self.checkpoints)
+        offsets = [offset for offset, _ in self.checkpoints] + [1] * pad
+        slots = [slot for _, slot in self.checkpoints] + [-1] * pad
+        return [0, num_tokens, self.initial, self.final, *offsets, *slots]
 
 
 @dataclass(frozen=True)
 class PromptPrefill:
-    """A prompt's prefill through the cache: what was reused, computed and exported."""
+    """A prompt's prefill through the cache: what was reused, computed and retained."""
 
     logits: torch.Tensor  # [vocab] fp32, next-token logits after the prompt
     state: torch.Tensor  # [layers, H, V, K] fp32, the state after the prompt
@@ -185,9 +167,20 @@ class GeneratedToken:
 
 
 class Engine:
-    """The reference model on one device with one prefill backend; not thread-safe (serialise)."""
+    """The model on one device with one prefill backend; not thread-safe (serialise).
 
-    def __init__(self, model: KdaModel, backend: str | None = None):
+    max_tokens: the most tokens one call takes (the kernel's plan); max_slots: the most
+    slots a state pool it is given has.
+    """
+
+    def __init__(
+        self,
+        model: KdaModel,
+        backend: str | None = None,
+        *,
+        max_tokens: int = 8192,
+        max_slots: int = 2 + CHECKPOINT_CAPACITY,
+    ):
         self.model = model
         self.device = model.device
         self.backend = backend or ("kernel" if self.device.type == "cuda" else "chunk")
@@ -195,72 +188,105 @@ class Engine:
             raise ValueError(f"unknown prefill backend {self.backend!r}; expected {BACKENDS}")
         cfg = model.config
         self.scale = cfg.head_dim**-0.5
-        self._kda_prefill = None
+        self.max_tokens = max_tokens
+        self._plan = None
+        self._errors = torch.zeros(1, dtype=torch.int32, device=self.device)
         if self.backend == "kernel":
-            from kdabench.kernels import kda_prefill  # imports Triton: only when asked for
+            from kdabench.kernels import api  # imports Triton: only when asked for
 
-            self._kda_prefill = kda_prefill
+            self._api = api
+            self._plan = api.plan(
+                api.Caps(
+                    device=self.device, num_heads=cfg.num_heads, head_dim=cfg.head_dim,
+                    max_tokens=max_tokens, max_seqs=1, max_state_slots=max_slots,
+                    max_checkpoints=CHECKPOINT_CAPACITY, gate="sigmoid",
+                    lower_bound=cfg.lower_bound, qk_l2norm=True, beta_sigmoid=True,
+                ),
+                activation_dtype=torch.bfloat16,
+            )  # fmt: skip
 
-    # -- one layer's KDA over a span ------------------------------------------------------
+    def describe(self) -> dict[str, object]:
+        """The backend and, for the kernel, its config and where it came from."""
+        if self._plan is None:
+            return {"backend": self.backend}
+        return {"backend": self.backend, "kernel_config": repr(self._plan.config),
+                "kernel_config_source": self._plan.config_source}
+
+    # -- one layer's KDA over a call, on a state pool ---------------------------------------
 
     def _kda_layer(
-        self, x: KdaInputs, initial: torch.Tensor | None, offsets: Sequence[int]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """KDA over one span: o [T, H, V], final state [H, V, K], checkpoints [C, H, V, K]."""
+        self, x: KdaInputs, pool: torch.Tensor, slots: CallSlots, meta: torch.Tensor | None
+    ) -> torch.Tensor:
+        """KDA over one call on `pool` [slots, H, V, K] (one layer's); returns o [T, H, V]."""
+        if self.backend == "kernel":
+            return self._kernel_layer(x, pool, meta)
         cfg = self.model.config
+        initial = None if slots.initial < 0 else pool[slots.initial][None]
+        offsets = [offset for offset, _ in slots.checkpoints]
         common = {
             "gate": "sigmoid", "lower_bound": cfg.lower_bound, "A_log": x.A_log,
             "dt_bias": x.dt_bias, "qk_l2norm": True, "beta_sigmoid": True, "scale": self.scale,
         }  # fmt: skip
         if self.backend == "mirror":
             result = chunk_kda_mirror(
-                x.q, x.k, x.v, x.raw_gate, x.beta_logits,
-                initial_state=None if initial is None else initial[None],
-                checkpoint_offsets=[list(offsets)], **common,
+                x.q, x.k, x.v, x.raw_gate, x.beta_logits, initial_state=initial,
+                checkpoint_offsets=[offsets], **common,
             )  # fmt: skip
-            return result.o, result.final_state[0], result.checkpoint_states[0]
-        if self.backend == "chunk":
-            prepared = prepare_inputs(
-                x.q, x.k, x.v, x.raw_gate, x.beta_logits,
-                initial_state=None if initial is None else initial[None],
+            o, final, checkpoints = result.o, result.final_state[0], result.checkpoint_states[0]
+        else:
+            p = prepare_inputs(
+                x.q, x.k, x.v, x.raw_gate, x.beta_logits, initial_state=initial,
                 dtype=torch.float32, **common,
             )  # fmt: skip
-            return chunk_kda_cpu(
-                prepared.q, prepared.k, prepared.v, prepared.g, prepared.beta,
-                prepared.initial_state[0], self.scale, offsets,
-            )  # fmt: skip
-        return self._kernel_layer(x, initial, offsets, common)
-
-    def _kernel_layer(self, x, initial, offsets, common):
-        cfg, device = self.model.config, self.device
-        if len(offsets) > CHECKPOINT_CAPACITY:
-            raise ValueError(
-                f"{len(offsets)} checkpoints in one call; capacity {CHECKPOINT_CAPACITY}"
+            o, final, checkpoints = chunk_kda_cpu(
+                p.q, p.k, p.v, p.g, p.beta, p.initial_state[0], self.scale, offsets
             )
-        H, D = cfg.num_heads, cfg.head_dim
-        pool = torch.zeros(2 + CHECKPOINT_CAPACITY, H, D, D, dtype=torch.float32, device=device)
-        if initial is not None:
-            pool[0] = initial
+        pool[slots.final] = final
+        for (_, slot), state in zip(slots.checkpoints, checkpoints):
+            pool[slot] = state
+        return o
 
-        def index(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int32, device=device)
-
-        ck_offsets = [[*offsets, *[1] * (CHECKPOINT_CAPACITY - len(offsets))]]
-        ck_slots = [[2 + c if c < len(offsets) else -1 for c in range(CHECKPOINT_CAPACITY)]]
-        result = self._kda_prefill(
-            x.q, x.k, x.v, x.raw_gate, x.beta_logits, state_pool=pool,
-            cu_seqlens=index([0, x.q.shape[0]]),
-            initial_state_indices=index([0 if initial is not None else -1]),
-            final_state_indices=index([1]),
-            checkpoint_offsets=index(ck_offsets), checkpoint_state_indices=index(ck_slots),
-            **common,
+    def _kernel_layer(self, x: KdaInputs, pool: torch.Tensor, meta: torch.Tensor | None):
+        assert meta is not None and self._plan is not None
+        api, C = self._api, CHECKPOINT_CAPACITY
+        binding = api.bind(
+            self._plan, x.q, x.k, x.v, x.raw_gate, x.beta_logits, state_pool=pool,
+            cu_seqlens=meta[0:2], initial_state_indices=meta[2:3],
+            final_state_indices=meta[3:4], checkpoint_offsets=meta[4 : 4 + C].view(1, C),
+            checkpoint_state_indices=meta[4 + C :].view(1, C), A_log=x.A_log,
+            dt_bias=x.dt_bias, scale=self.scale,
         )  # fmt: skip
-        code = int(result.error_code.item())
+        result = api.run(binding)
+        self._errors.bitwise_or_(result.error_code)  # checked once per prompt: no sync here
+        return result.o
+
+    def _run_call(
+        self, tokens: torch.Tensor, pool: torch.Tensor, slots: CallSlots, meta: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Every layer over one call; returns the residual stream after the last token [1, D]."""
+        model = self.model
+        x = model.embed(tokens)
+        for layer in range(model.config.num_layers):
+            o = self._kda_layer(model.kda_inputs(layer, x), pool[layer], slots, meta)
+            x = model.finish_layer(layer, x, o)
+        return x[-1:]
+
+    def _upload(self, rows: list[list[int]]) -> torch.Tensor | None:
+        """All calls' kernel metadata in one host-to-device copy (None off the kernel)."""
+        if self.backend != "kernel":
+            return None
+        return torch.tensor(rows, dtype=torch.int32).to(self.device, non_blocking=True)
+
+    def _check_errors(self) -> None:
+        """Raise if any kernel call since the last check refused its metadata (one sync)."""
+        if self.backend != "kernel":
+            return
+        code = int(self._errors.item())
         if code:
+            self._errors.zero_()
             from kdabench.kernels import decode_error_code
 
             raise RuntimeError(f"kda_prefill refused the metadata: {decode_error_code(code)}")
-        return result.o, pool[1].clone(), pool[2 : 2 + len(offsets)].clone()
 
     # -- whole-model prefill and decode ---------------------------------------------------
 
@@ -271,19 +297,72 @@ class Engine:
         initial_state: torch.Tensor | None = None,
         checkpoint_offsets: Sequence[int] = (),
     ) -> PrefillResult:
-        """Run the model over `tokens` [T] from `initial_state` (None: zeros); offsets are
-        relative to the span's start, each in 1..T-1, increasing."""
-        model, num_layers = self.model, self.model.config.num_layers
-        x = model.embed(tokens)
-        finals, checkpoints = [], []
-        for layer in range(num_layers):
-            initial = None if initial_state is None else initial_state[layer]
-            o, final, ck = self._kda_layer(model.kda_inputs(layer, x), initial, checkpoint_offsets)
-            x = model.finish_layer(layer, x, o)
-            finals.append(final)
-            checkpoints.append(ck)
-        logits = model.logits(x[-1:])[0]
-        return PrefillResult(logits, torch.stack(finals), torch.stack(checkpoints, dim=1))
+        """Run the model over `tokens` [T] from `initial_state` (None: zeros) in one call on a
+        pool of its own; offsets are relative to the span's start, each in 1..T-1, increasing."""
+        cfg = self.model.config
+        layers, H, V, K = cfg.state_shape
+        pool = torch.zeros(layers, 2 + CHECKPOINT_CAPACITY, H, V, K, device=self.device)
+        if initial_state is not None:
+            pool[:, 0] = initial_state
+        slots = CallSlots(
+            0 if initial_state is not None else -1, 1,
+            tuple((offset, 2 + c) for c, offset in enumerate(checkpoint_offsets)),
+        )  # fmt: skip
+        meta = self._upload([slots.row(len(tokens))])
+        x = self._run_call(tokens.to(self.device), pool, slots, None if meta is None else meta[0])
+        self._check_errors()
+        checkpoints = pool[:, 2 : 2 + len(checkpoint_offsets)].movedim(1, 0).clone()
+        return PrefillResult(self.model.logits(x)[0], pool[:, 1].clone(), checkpoints)
+
+    @torch.inference_mode()
+    def prefill_prompt(
+        self, tokens: Sequence[int], cache: PrefixCache, settings: CacheSettings
+    ) -> PromptPrefill:
+        """Prefill a prompt, resuming from the cache and filling it (see the module docstring)."""
+        if not tokens:
+            raise ValueError("a prompt needs at least one token")
+        data = bytes(tokens)
+        hit = cache.lookup(data)
+        calls = plan_prefill_calls(
+            hit.length, len(tokens), block_tokens=settings.block_tokens,
+            max_batched_tokens=settings.max_batched_tokens,
+            checkpoint_export=settings.checkpoint_export,
+        )  # fmt: skip
+        wanted = [p for call in calls for p in call.retained] + [len(tokens)]
+        reserved = cache.reserve(len(wanted), pinned=hit.slot)
+        slot_of = dict(zip(reversed(wanted), reserved))  # the prompt's end first, then latest
+        plan, previous = [], -1 if hit.slot is None else hit.slot
+        for index, call in enumerate(calls):
+            final = slot_of.get(call.stop, cache.scratch(index))
+            checkpoints = tuple(
+                (p - call.start, slot_of[p]) for p in call.checkpoints if p in slot_of
+            )
+            plan.append(CallSlots(previous, final, checkpoints))
+            previous = final
+        meta = self._upload([s.row(c.stop - c.start) for c, s in zip(calls, plan)])
+        token_tensor = torch.tensor(list(tokens), dtype=torch.int64).to(self.device)
+        x = None
+        for index, (call, slots) in enumerate(zip(calls, plan)):
+            x = self._run_call(
+                token_tensor[call.start : call.stop], cache.pool, slots,
+                None if meta is None else meta[index],
+            )  # fmt: skip
+        assert x is not None
+        logits = self.model.logits(x)[0]
+        try:
+            self._check_errors()
+        except RuntimeError:
+            cache.release(reserved)
+            raise
+        keys = prefix_digests(data, slot_of)
+        for position, slot in slot_of.items():
+            cache.commit(keys[position], position, slot)
+        return PromptPrefill(
+            logits=logits, state=cache.state(previous), prompt_tokens=len(tokens),
+            cached_tokens=hit.length, computed_tokens=len(tokens) - hit.length,
+            checkpoints_exported=len(slot_of) - (len(tokens) in slot_of),
+            kernel_calls=len(calls),
+        )  # fmt: skip
 
     @torch.inference_mode()
     def decode_step(self, state: torch.Tensor, token: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,40 +386,6 @@ class Engine:
             x = model.finish_layer(layer, x, o[None])
             new_state.append(s)
         return model.logits(x)[0], torch.stack(new_state)
-
-    # -- prompts through the prefix cache -------------------------------------------------
-
-    def prefill_prompt(
-        self, tokens: Sequence[int], cache: PrefixCache, settings: CacheSettings
-    ) -> PromptPrefill:
-        """Prefill a prompt, resuming from the cache and filling it (see the module docstring)."""
-        if not tokens:
-            raise ValueError("a prompt needs at least one token")
-        hit = cache.lookup(tokens)
-        token_tensor = torch.tensor(list(tokens), dtype=torch.int64, device=self.device)
-        calls = plan_prefill_calls(
-            hit.length, len(tokens), block_tokens=settings.block_tokens,
-            checkpoint_export=settings.checkpoint_export,
-        )  # fmt: skip
-        state = None if hit.state is None else hit.state.to(self.device)
-        exported = 0
-        result = None
-        for call in calls:
-            offsets = [p - call.start for p in call.checkpoints]
-            result = self.prefill(token_tensor[call.start : call.stop], state, offsets)
-            for position, checkpoint in zip(call.checkpoints, result.checkpoint_states):
-                cache.insert(tokens[:position], checkpoint)
-                exported += 1
-            state = result.final_state
-            if call.stop < len(tokens):  # a block boundary that ended a call
-                cache.insert(tokens[: call.stop], state)
-                exported += 1
-        cache.insert(tokens, state)
-        return PromptPrefill(
-            logits=result.logits, state=state, prompt_tokens=len(tokens),
-            cached_tokens=hit.length, computed_tokens=len(tokens) - hit.length,
-            checkpoints_exported=exported, kernel_calls=len(calls),
-        )  # fmt: skip
 
     def generate(
         self, prefilled: PromptPrefill, max_tokens: int, top_logprobs: int = 0

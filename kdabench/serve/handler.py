@@ -1,7 +1,8 @@
 """The reference server's HTTP face: routes, JSON bodies and server-sent-event streams.
 
-`handler_for(server)` is the request handler class bound to one
-:class:`~kdabench.serve.server.LocalServer`: GET routes answer from it, POST routes parse
+`handler_for(server)` is the request handler class bound to one server (a
+:class:`~kdabench.serve.service.RequestServer`, such as
+:class:`~kdabench.serve.server.LocalServer`): GET routes answer from it, POST routes parse
 the request (:mod:`kdabench.serve.protocol`) and stream or return what
 :meth:`LocalServer.generate <kdabench.serve.server.LocalServer.generate>` yields.
 """
@@ -29,10 +30,10 @@ from .protocol import (
 )
 
 if TYPE_CHECKING:
-    from .server import LocalServer
+    from .service import RequestServer
 
 
-def handler_for(server: LocalServer) -> type[BaseHTTPRequestHandler]:
+def handler_for(server: RequestServer) -> type[BaseHTTPRequestHandler]:
     class Handler(_Handler):
         local = server
 
@@ -43,7 +44,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive; streams use chunked transfer encoding
     server_version = f"{SERVER_NAME}/{kdabench.__version__}"
     disable_nagle_algorithm = True  # each SSE event leaves at once
-    local: LocalServer
+    local: RequestServer
 
     GET_ROUTES = ("/health", "/version", "/v1/models", "/metrics")
     POST_ROUTES = ("/tokenize", "/v1/completions", "/v1/chat/completions")
@@ -100,7 +101,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/health":
             self._send_json(200, {"status": "ok"})
         elif path == "/version":
-            self._send_json(200, {"version": kdabench.__version__, "server": SERVER_NAME})
+            self._send_json(200, self.local.version())
         elif path == "/v1/models":
             self._send_json(200, self.local.models())
         elif path == "/metrics":

@@ -3,9 +3,10 @@
 Endpoints (one model, `kdabench-local-kda`; requests are served one at a time):
 
     GET  /health               {"status": "ok"}
-    GET  /version              {"version": kdabench.__version__, "server": "kdabench-local"}
-    GET  /v1/models            the one model, with its revision ("seed-N")
-    GET  /metrics              Prometheus text, vLLM's counter names (prefix cache in tokens)
+    GET  /version              {"version", "server", "device" (name, compute capability, driver),
+                               "backend", "model" (preset and geometry), "retention"}
+    GET  /v1/models            the one model, with its revision ("PRESET-seed-N")
+    GET  /metrics              Prometheus text, vLLM's names (prefix cache in tokens, cache usage)
     POST /tokenize             {"prompt": str} -> {"tokens", "count", "max_model_len"}
     POST /v1/completions       OpenAI completions, streaming (SSE) or not, usage, logprobs
     POST /v1/chat/completions  OpenAI chat completions; messages become "role: content" lines
@@ -21,7 +22,7 @@ role-only chunk, sent before the prefill (as servers do): it must not stop a TTF
 
 Log lines (stderr, flushed; what activation patterns match):
 
-    kdabench-local: listening on http://HOST:PORT checkpoint_export=on|off prefix_cache=on|off block_tokens=N device=D
+    kdabench-local: listening on http://HOST:PORT checkpoint_export=on|off prefix_cache=on|off block_tokens=N device=D max_batched_tokens=N cache_gib=X model=P backend=B
     kdabench-local: request id=ID prompt_tokens=N cached_tokens=M computed_tokens=C checkpoints_exported=K ttft_ms=X
 """
 
@@ -36,14 +37,15 @@ from collections.abc import Iterator, Mapping
 from http.server import ThreadingHTTPServer
 from typing import Any, TextIO
 
-import torch
+import kdabench
 
-from .engine import Engine, GeneratedToken, PromptPrefill
+from .engine import GeneratedToken, PromptPrefill
 from .handler import handler_for
 from .metrics import Metrics
-from .model import MODEL_ID, KdaModel, ModelConfig
-from .prefix_cache import CacheSettings, PrefixCache
+from .model import MODEL_ID
 from .protocol import SERVER_NAME, GenerationRequest, RequestError, chat_prompt, prompt_tokens_of
+from .runtime import build_runtime
+from .settings import CacheSettings
 
 WARMUP_TOKENS = 2048
 
@@ -64,14 +66,14 @@ class LocalServer:
         settings: CacheSettings,
         max_prompt_tokens: int,
         log: TextIO | None = None,
+        preset: str | None = None,
     ):
         self.settings = settings
         self.max_prompt_tokens = max_prompt_tokens
-        self.device = device
-        self.model = KdaModel(ModelConfig(seed=seed), device=device)
-        self.engine = Engine(self.model)
-        self.cache = PrefixCache(settings.prefix_cache, settings.max_entries)
-        self.metrics = Metrics()
+        self.runtime = build_runtime(device, preset, seed, settings, max_prompt_tokens)
+        self.device, self.model = self.runtime.device, self.runtime.model
+        self.engine, self.cache = self.runtime.engine, self.runtime.cache
+        self.metrics = Metrics(self.cache)
         self.lock = threading.Lock()  # one request on the model at a time
         self._log = log
         self._warm_up()
@@ -90,10 +92,12 @@ class LocalServer:
         return f"http://{self.host}:{self.port}"
 
     def _warm_up(self) -> None:
-        """One uncached prefill and decode step, so the first request is not the slow one."""
-        tokens = torch.arange(WARMUP_TOKENS, device=self.model.device) % 256
-        result = self.engine.prefill(tokens)
-        self.engine.decode_step(result.final_state, 0)
+        """A prefill through the cache and a decode step, so the first request is not the slow
+        one (kernels compiled, memory pooled); the cache is emptied after."""
+        tokens = [index % 256 for index in range(WARMUP_TOKENS)]
+        result = self.engine.prefill_prompt(tokens, self.cache, self.settings)
+        self.engine.decode_step(result.state, 0)
+        self.cache.clear()
 
     def log(self, line: str) -> None:
         stream = self._log if self._log is not None else sys.stderr
@@ -105,7 +109,9 @@ class LocalServer:
         self.log(
             f"listening on {self.url} checkpoint_export={_on_off(s.checkpoint_export)} "
             f"prefix_cache={_on_off(s.prefix_cache)} block_tokens={s.block_tokens} "
-            f"device={self.device}"
+            f"device={self.device} max_batched_tokens={s.max_batched_tokens} "
+            f"cache_gib={s.cache_gib:g} model={self.model.config.preset} "
+            f"backend={self.engine.backend}"
         )
         return self
 
@@ -137,6 +143,11 @@ class LocalServer:
                 }
             ],
         }
+
+    def version(self) -> dict[str, Any]:
+        """What /version answers: kdabench's version, the device, backend, model and retention."""
+        return {"version": kdabench.__version__, "server": SERVER_NAME,
+                **self.runtime.describe()}
 
     def tokenize(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -192,25 +203,25 @@ class LocalServer:
 def start_local_server(
     host: str = "127.0.0.1",
     port: int = 0,
-    device: str = "cpu",
+    device: str = "auto",
     seed: int = 0,
     env: Mapping[str, str] | None = None,
     *,
-    max_tokens_per_prompt: int = 65536,
+    model: str | None = None,
+    max_tokens_per_prompt: int = 131072,
     log: TextIO | None = None,
 ) -> LocalServer:
     """Build the model, warm it up, bind host:port (0: a free port) and serve in a thread.
 
+    device: auto (CUDA where a GPU is visible, else the CPU), cpu or cuda. model: a preset of
+    `kdabench.serve.model.PRESETS` (default: kimi-linear-tp4 on CUDA, tiny on the CPU).
     env: where the KDABENCH_LOCAL_* settings are read (default os.environ); see
-    `kdabench.serve.prefix_cache`. log: where the log lines go (default sys.stderr).
-    Raises SettingsError (a ValueError) for a bad setting, OSError when the port is taken.
+    `kdabench.serve.settings`. log: where the log lines go (default sys.stderr).
+    Raises ValueError for a bad setting, device or preset, or a preset that does not fit
+    (FitError), OSError when the port is taken.
     """
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA GPU is visible; use --device cpu")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}; expected cpu or cuda")
     if max_tokens_per_prompt < 1:
         raise ValueError("max_tokens_per_prompt must be at least 1")
     settings = CacheSettings.from_env(os.environ if env is None else env)
-    server = LocalServer(host, port, device, seed, settings, max_tokens_per_prompt, log)
+    server = LocalServer(host, port, device, seed, settings, max_tokens_per_prompt, log, model)
     return server.start()

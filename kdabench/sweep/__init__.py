@@ -1,5 +1,5 @@
 """`kdabench serve-sweep`: cold-TTFT and decode sweeps of an OpenAI-compatible server
-across flag arms (DESIGN section 6).
+across flag arms (docs/DESIGN.md §10).
 
 Modules, one job each:
 
@@ -8,7 +8,6 @@ Modules, one job each:
   usage, ``/tokenize``, ``/metrics``.
 - :mod:`kdabench.sweep.prompts`: unique prompts of exact token counts.
 - :mod:`kdabench.sweep.servers`: launch, attach or embed the server of each arm.
-- :mod:`kdabench.sweep.stats`: medians and seeded bootstrap confidence intervals.
 - :mod:`kdabench.sweep.options`: what to measure (:class:`SweepOptions`), validated.
 - :mod:`kdabench.sweep.state`: everything measured for one arm, raw (:class:`ArmState`).
 - :mod:`kdabench.sweep.phases`: the per-arm steps: server info, activation, warmups, probes,

@@ -11,7 +11,8 @@ An arms file is TOML::
     samples = 3                  # cold samples per arm and prompt size
     warmups = 1                  # shape warmups per arm and prompt size (never counted)
     decode_window_s = 2.0
-    shared_prefix_tokens = 8192  # P1's length; P2 shares its first half
+    shared_prefix = [[8192, 4096], [65536, 57344]]  # (P1 tokens, tokens P2 shares); or
+    # shared_prefix_tokens = 8192  # one case: P1's length, P2 shares its first half
     drift_bound = 0.05           # max |logprob(cold) - logprob(cached)|
 
     [common]                     # given to every arm's server
@@ -63,6 +64,7 @@ SWEEP_KEYS: dict[str, type | tuple[type, ...]] = {
     "probe_prompt_tokens": int,
     "drift_bound": (int, float),
     "shared_prefix_tokens": int,
+    "shared_prefix": list,
     "shared_prefix_repeats": int,
     "health_timeout_s": (int, float),
     "request_timeout_s": (int, float),
@@ -255,6 +257,13 @@ def _sweep(raw: Any, label: str) -> dict[str, Any]:
             if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
                                     for v in value):
                 raise ArmsError(f"{label}: [sweep] prompt_tokens must be positive integers")
+        elif key == "shared_prefix":
+            if not value or not all(
+                    isinstance(pair, list) and len(pair) == 2 and all(
+                        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in pair)
+                    for pair in value):
+                raise ArmsError(f"{label}: [sweep] shared_prefix must be [[P1 tokens, shared "
+                                "tokens], ...] of positive integers")
         elif value < 0 or (value == 0 and key not in ("warmups",)):
             raise ArmsError(f"{label}: [sweep] {key} = {value!r} must be positive")
         out[key] = value

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kdabench.sweep import stats
+from kdabench import stats
 from kdabench.sweep.options import SweepOptions
 from kdabench.sweep.phases import (
     UNKNOWN,
@@ -102,9 +102,10 @@ def _arm_cases(state: ArmState, index: int, options: SweepOptions) -> list[dict[
         if not samples and not discarded and not failed and not warmups:
             continue
         ttfts = [r["ttft_ms"] for r in samples]
-        summary = stats.summarize_samples(ttfts, seed=options.seed + index * 1009 + size)
+        median_ms = stats.median(ttfts)
+        interval = stats.bootstrap_ci(ttfts, seed=options.seed + index * 1009 + size)
+        ci = None if interval is None else list(interval)
         tokens = _median_tokens(samples, size)
-        ci = summary["ci95"]
         verdict, message = _cold_verdict(state, options, samples, discarded, failed)
         if invalid:
             verdict, message = "fail", flag["message"]
@@ -112,9 +113,9 @@ def _arm_cases(state: ArmState, index: int, options: SweepOptions) -> list[dict[
         cases.append({
             "id": f"cold/{arm}/{size}", "kind": "cold-ttft", "arm": arm,
             "prompt_tokens_requested": size, "prompt_tokens": tokens,
-            "samples_ms": ttfts, "median_ms": summary["median"], "ci95_ms": ci,
-            "min_ms": summary["min"], "max_ms": summary["max"], "n": summary["n"],
-            "rate_tok_s": _rate(tokens, summary["median"]),
+            "samples_ms": ttfts, "median_ms": median_ms, "ci95_ms": ci,
+            "min_ms": min(ttfts, default=None), "max_ms": max(ttfts, default=None),
+            "n": len(ttfts), "rate_tok_s": _rate(tokens, median_ms),
             "rate_ci95_tok_s": (None if ci is None or tokens is None else
                                 [_rate(tokens, ci[1]), _rate(tokens, ci[0])]),
             "samples": samples, "discarded": discarded, "failed_samples": failed,
@@ -123,22 +124,8 @@ def _arm_cases(state: ArmState, index: int, options: SweepOptions) -> list[dict[
             "activation": activation, **flag, "verdict": verdict, **status,
             "message": message,
         })
-    if state.shared_prefix:
-        p2 = [r["p2_ttft_ms"] for r in state.shared_prefix if r["p2_ttft_ms"] is not None]
-        p1 = [r["p1_ttft_ms"] for r in state.shared_prefix if r["p1_ttft_ms"] is not None]
-        cached = [r["p2_cached_tokens"] for r in state.shared_prefix]
-        cases.append({
-            "id": f"shared-prefix/{arm}", "kind": "shared-prefix", "arm": arm,
-            "total_tokens": options.shared_prefix_tokens,
-            "shared_tokens": state.shared_prefix[0]["shared_tokens"],
-            "p1_ttft_ms": p1, "p2_ttft_ms": p2, "p2_median_ms": stats.median(p2),
-            "p1_median_ms": stats.median(p1), "p2_cached_tokens": cached,
-            "samples": state.shared_prefix, "activation": activation, **flag,
-            "verdict": "fail" if invalid or not p2 else "pass",
-            "message": flag.get("message", f"P2 cached tokens {cached}"
-                                if any(c is not None for c in cached)
-                                else "P2 cached tokens not reported by the server"),
-        })
+    for total in dict.fromkeys(r["total_tokens"] for r in state.shared_prefix):
+        cases.append(_shared_prefix_case(state, total, flag, options.seed + index * 1009))
     if state.decode is not None:
         decode_ok = bool(state.decode["output_tokens"])
         cases.append({
@@ -148,6 +135,28 @@ def _arm_cases(state: ArmState, index: int, options: SweepOptions) -> list[dict[
             "message": flag.get("message", "" if decode_ok else "no tokens in the window"),
         })
     return cases
+
+
+def _shared_prefix_case(state: ArmState, total: int, flag: dict[str, Any],
+                        seed: int) -> dict[str, Any]:
+    """One shared-prefix case of an arm: P1 and P2 TTFTs over its repeats, P2's interval."""
+    arm, records = state.arm.name, [r for r in state.shared_prefix if r["total_tokens"] == total]
+    p2 = [r["p2_ttft_ms"] for r in records if r["p2_ttft_ms"] is not None]
+    p1 = [r["p1_ttft_ms"] for r in records if r["p1_ttft_ms"] is not None]
+    cached = [r["p2_cached_tokens"] for r in records]
+    interval = stats.bootstrap_ci(p2, seed=seed + total)
+    return {
+        "id": f"shared-prefix/{arm}/{total}", "kind": "shared-prefix", "arm": arm,
+        "total_tokens": total, "shared_tokens": records[0]["shared_tokens"],
+        "p1_ttft_ms": p1, "p2_ttft_ms": p2, "p2_median_ms": stats.median(p2),
+        "p2_ci95_ms": None if interval is None else list(interval),
+        "p1_median_ms": stats.median(p1), "p2_cached_tokens": cached,
+        "samples": records, "activation": state.activation_status, **flag,
+        "verdict": "fail" if not flag["valid"] or not p2 else "pass",
+        "message": flag.get("message", f"P2 cached tokens {cached}"
+                            if any(c is not None for c in cached)
+                            else "P2 cached tokens not reported by the server"),
+    }
 
 
 def _probe_case(arm: str, probe: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ def context_needs(options: SweepOptions) -> list[tuple[str, int, int]]:
           for size in sorted(options.prompt_tokens, reverse=True)),
         ("probe prompt tokens", options.probe_prompt_size,
          probe_extension + options.probe_tokens),
-        ("--shared-prefix-tokens", options.shared_prefix_tokens, SAMPLE_MAX_TOKENS),
+        *(("--shared-prefix", total, SAMPLE_MAX_TOKENS) for total, _ in options.shared_prefix_runs),
         ("decode prompt tokens", options.decode_prompt_tokens, options.decode_max_tokens),
     ]
 

@@ -1,8 +1,9 @@
 """The per-arm steps of a sweep: each talks to one arm's server and records into its
 :class:`~kdabench.sweep.state.ArmState`.
 
-- :func:`server_info`: ``/health``, ``/version``, ``/v1/models``, whether ``/metrics``
-  is served, and the server's ``max_model_len`` (from ``/v1/models``, else ``/tokenize``).
+- :func:`server_info`: ``/health``, ``/version`` (and what it says the server runs on:
+  :func:`runs_on`), ``/v1/models``, whether ``/metrics`` is served, and the server's
+  ``max_model_len`` (from ``/v1/models``, else ``/tokenize``).
 - :func:`activation_before`, :func:`activation_after`: the arm's activation patterns over
   its server log, before timing and over the log written while measuring.
 - :func:`warmups`, :func:`cold_sample`: timed samples of unique prompts, each with its
@@ -12,7 +13,7 @@
 - :func:`probes`: a cold prompt, its exact repeat and its extension by the first half of
   its own greedy answer must answer alike, with logprob drift under the bound; a cache
   check whose evidence is unknown is "unverifiable".
-- :func:`shared_prefix`: P1 (unique) then P2 = P1's first half + another continuation.
+- :func:`shared_prefix`: per case, P1 (unique) then P2 = P1's shared head + another ending.
 - :func:`decode`: output tokens/s over a fixed window, normalised by the speculative
   acceptance length read from ``/metrics``.
 
@@ -98,14 +99,31 @@ def server_info(state: ArmState) -> None:
     client = state.client
     assert client is not None
     models = client.resolve_model()
+    version = client.get_json("/version")
     state.info = {
         "server": state.server.describe(),
         "health": client.health(),
-        "version": client.get_json("/version"),
+        "version": version,
+        "runs_on": runs_on(version),
         "models": models,
         "metrics_served": client.metrics() is not None,
         "max_model_len": models["max_model_len"] or client.tokenize_limit(),
     }
+
+
+def runs_on(version: dict[str, Any] | None) -> dict[str, Any]:
+    """What the server says it runs on (its /version: device, backend, model, retention,
+    torch and Triton versions); "unknown" for a server whose /version does not say
+    (third-party servers)."""
+    device = (version or {}).get("device")
+    if not isinstance(version, dict) or not isinstance(device, dict):
+        return {"status": "unknown"}
+    model = version.get("model") if isinstance(version.get("model"), dict) else {}
+    return {"status": "reported", "device": device.get("name"),
+            "compute_capability": device.get("compute_capability"),
+            "driver_version": device.get("driver_version"), "backend": version.get("backend"),
+            "model": model.get("preset"), "retention": version.get("retention"),
+            "torch": version.get("torch"), "triton": version.get("triton")}
 
 
 def activation_before(state: ArmState) -> None:
@@ -245,9 +263,15 @@ def probes(state: ArmState, options: SweepOptions) -> None:
 
 
 def shared_prefix(state: ArmState, options: SweepOptions) -> None:
+    """One repeat of every shared-prefix case that runs (see SweepOptions.shared_prefix_runs)."""
+    for total, shared in options.shared_prefix_runs:
+        _shared_prefix_pair(state, total, shared)
+
+
+def _shared_prefix_pair(state: ArmState, total: int, shared: int) -> None:
+    """P1 (unique, `total` tokens) then P2: P1's first `shared` tokens and another ending."""
     assert state.prompts is not None
-    total = options.shared_prefix_tokens
-    head = state.prompts.unique(total // 2)
+    head = state.prompts.unique(shared)
     first = state.prompts.extend(head.text, total)
     second = state.prompts.extend(head.text, total)
     p1, p1_evidence = _measure(state, first.text, SAMPLE_MAX_TOKENS)

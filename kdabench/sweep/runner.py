@@ -1,7 +1,7 @@
 """The sweep: every arm's server up at once, measured in interleaved rounds, one receipt;
 or, with the blocks schedule, one server at a time.
 
-Order of work, interleaved (DESIGN section 6)::
+Order of work, interleaved (docs/DESIGN.md §10)::
 
     start or attach every arm's server, wait for /health, read /version and /v1/models
     check every request fits each server's max_model_len (else SweepError, no receipt)
@@ -106,7 +106,8 @@ class Sweep:
                  launch: str | None = None, endpoint: str | None = None,
                  out_dir: str | Path | None = None, api_key: str | None = None,
                  api_key_env: str | None = None, command_line: list[str] | None = None,
-                 device: Any = None, tokenizer: str | None = None) -> None:
+                 device: Any = None, tokenizer: str | None = None,
+                 model: str | None = None) -> None:
         if mode not in MODES:
             raise SweepError(f"mode {mode!r} is not one of {', '.join(MODES)}")
         if mode == "launch" and not launch:
@@ -114,6 +115,9 @@ class Sweep:
         if mode == "attach" and not endpoint and not all(a.endpoint for a in arms.arms):
             raise SweepError("attach mode needs --endpoint URL or an endpoint for every arm")
         options.validate()
+        if model is not None and mode == "attach":
+            raise SweepError(f"--model {model}: an attached server runs the model it was "
+                             "started with; --model applies to the embedded server or --launch")
         if options.blocks_schedule and mode == "attach":
             raise SweepError("--schedule blocks starts a server for every block: give "
                              "--launch CMD, or neither --launch nor --endpoint for the embedded "
@@ -130,6 +134,7 @@ class Sweep:
         self.mode = mode
         self.launch = launch
         self.endpoint = endpoint
+        self.model = model
         self._api_key = api_key
         config = {
             "arms": arms.to_receipt(),
@@ -143,12 +148,14 @@ class Sweep:
             "api_key": {"env": api_key_env, "sent": bool(api_key)},
             "client_host": client_host(),
             "ttft_definition": TTFT_DEFINITION,
+            "model": model,
+            "shared_prefix_skipped": options.shared_prefix_skipped(),
             "servers": {},
         }
         if device is None:
             from kdabench.environment import device_identity
 
-            device = device_identity("cpu")
+            device = device_identity(None if mode == "embedded" else "cpu")
         self._builder = new_receipt("serve-sweep", config=config, command_line=command_line,
                                     device=device)
         self.path = receipt_dir(out_dir) / self._builder.filename()
@@ -328,10 +335,11 @@ class Sweep:
         arm = state.arm
         env = self.arms.arm_env(arm)
         if self.mode == "launch":
-            state.server = LaunchedServer(self.launch or "", self.arms.arm_args(arm), env,
-                                          self.log_dir / f"{log_name}.log")
+            model_args = [] if self.model is None else ["--model", self.model]
+            state.server = LaunchedServer(self.launch or "", self.arms.arm_args(arm) + model_args,
+                                          env, self.log_dir / f"{log_name}.log")
         else:
-            state.server = EmbeddedServer(env, seed=self.options.seed)
+            state.server = EmbeddedServer(env, seed=self.options.seed, model=self.model)
         self.on_event(f"{arm.name}: starting the server ({self.mode})")
         self._start_group([state])
 

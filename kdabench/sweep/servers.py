@@ -10,8 +10,8 @@ sweep cannot see it), ``alive()``, ``failure()`` (why it is not alive) and ``sto
   file when the arms file names one. :func:`check_reachable` refuses, as bad input and
   without sending anything, an endpoint where nothing accepts a connection.
 - :class:`EmbeddedServer` is kdabench's reference server (``kdabench.serve``), started
-  in this process with the arm's environment, taking prompts of up to
-  :data:`EMBEDDED_MAX_MODEL_LEN` tokens.
+  in this process with the arm's environment, on the GPU where CUDA is present (else the
+  CPU), taking prompts of up to :data:`EMBEDDED_MAX_MODEL_LEN` tokens.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ from kdabench.sweep.options import SweepError
 
 STOP_GRACE_S = 10.0
 HEALTH_POLL_S = 0.2
-EMBEDDED_MAX_MODEL_LEN = 65536  # the longest prompt the embedded server is started to take
+#: The longest prompt the embedded server is started to take: room for the 65,536-token prompts
+#: (and shared-prefix case) of a GPU sweep with their answers.
+EMBEDDED_MAX_MODEL_LEN = 131072
 CONNECT_TIMEOUT_S = 3.0  # how long check_reachable waits for a connection to open
 
 
@@ -195,10 +197,12 @@ class AttachedServer:
 class EmbeddedServer:
     """kdabench's reference server in this process, with the arm's flags as its env."""
 
-    def __init__(self, env: Mapping[str, str], *, seed: int = 0, device: str = "cpu") -> None:
+    def __init__(self, env: Mapping[str, str], *, seed: int = 0, device: str = "auto",
+                 model: str | None = None) -> None:
         self._env = dict(env)
         self._seed = seed
         self._device = device
+        self._model = model
         self._server: Any = None
         self._log = io.StringIO()
         self._captures_log = False
@@ -212,7 +216,7 @@ class EmbeddedServer:
                 f"the embedded reference server is not available ({error}); give "
                 "--endpoint URL or --launch CMD") from error
         kwargs: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "device": self._device,
-                                  "seed": self._seed, "env": self._env,
+                                  "seed": self._seed, "env": self._env, "model": self._model,
                                   "max_tokens_per_prompt": EMBEDDED_MAX_MODEL_LEN}
         self._captures_log = _accepts(start_local_server, "log")
         if self._captures_log:
@@ -241,7 +245,10 @@ class EmbeddedServer:
             self._server.stop()
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": "embedded", "url": self.url, "device": self._device,
+        server = self._server
+        return {"mode": "embedded", "url": self.url,
+                "device": self._device if server is None else server.device,
+                "model": self._model if server is None else server.model.config.preset,
                 "seed": self._seed, "python": sys.version.split()[0]}
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from kdabench.oracles import assert_close, chunk_kda_mirror, prepare_inputs
-from kdabench.serve.engine import Engine, PrefillCall, chunk_kda_cpu, plan_prefill_calls
+from kdabench.serve.engine import Engine, chunk_kda_cpu
 from kdabench.serve.model import KdaModel, ModelConfig
+from kdabench.serve.retention import PrefillCall, plan_prefill_calls
 
 MIRROR_TOL = 1e-5  # fp32 against fp32, same chunking: ~5e-6 measured
 DECODE_TOL = 1e-4  # the token recurrence against the chunked prefill, fp32: ~2e-7 measured
@@ -111,45 +112,48 @@ def test_same_seed_same_model_other_seed_other_model():
     assert not torch.equal(a.embedding, c.embedding)
 
 
-CALLS = [  # (start, stop, export) -> calls
-    (
-        0,
-        8192,
-        True,
-        [PrefillCall(0, 5120, (1024, 2048, 3072, 4096)), PrefillCall(5120, 8192, (6144, 7168))],
-    ),
-    (0, 8192, False, [PrefillCall(0, 8192, ())]),
-    (4096, 8192, True, [PrefillCall(4096, 8192, (5120, 6144, 7168))]),
-    (0, 1024, True, [PrefillCall(0, 1024, ())]),
-    (100, 1000, True, [PrefillCall(100, 1000, ())]),
-    (
-        1500,
-        7169,
-        True,
-        [PrefillCall(1500, 6144, (2048, 3072, 4096, 5120)), PrefillCall(6144, 7169, (7168,))],
-    ),
-    (
-        0,
-        10241,
-        True,
-        [
-            PrefillCall(0, 5120, (1024, 2048, 3072, 4096)),
-            PrefillCall(5120, 10240, (6144, 7168, 8192, 9216)),
-            PrefillCall(10240, 10241, ()),
-        ],
-    ),
+CALLS = [  # (start, stop, max batched tokens, export) -> calls; blocks of 1024, capacity 4
+    (0, 8192, 8192, True, [PrefillCall(0, 8192, (2048, 4096, 6144, 7168))]),
+    (0, 8192, 8192, False, [PrefillCall(0, 8192)]),
+    (0, 20000, 8192, False, [PrefillCall(0, 8192), PrefillCall(8192, 16384),
+                              PrefillCall(16384, 20000)]),
+    (0, 16384, 8192, True, [PrefillCall(0, 8192, (2048, 4096, 6144), keep_end=True),
+                            PrefillCall(8192, 16384, (10240, 12288, 14336, 15360))]),
+    (4096, 8192, 8192, True, [PrefillCall(4096, 8192, (6144, 7168))]),
+    (0, 1024, 8192, True, [PrefillCall(0, 1024)]),
+    (0, 1025, 8192, True, [PrefillCall(0, 1025, (1024,))]),
+    (100, 1000, 8192, True, [PrefillCall(100, 1000)]),
+    (0, 8193, 4096, True, [PrefillCall(0, 4096, (1024, 2048, 3072), keep_end=True),
+                           PrefillCall(4096, 8192, (5120, 6144, 7168), keep_end=True),
+                           PrefillCall(8192, 8193)]),
+    (1500, 12000, 8192, True, [PrefillCall(1500, 9692, (2048, 4096, 6144, 8192)),
+                               PrefillCall(9692, 12000, (10240, 11264))]),
 ]
 
 
 @pytest.mark.parametrize(
-    ("start", "stop", "export", "expected"), CALLS,
-    ids=[f"{a}-{b}-export_{'on' if e else 'off'}" for a, b, e, _ in CALLS],
+    ("start", "stop", "batched", "export", "expected"), CALLS,
+    ids=[f"{a}-{b}-by{m}-export_{'on' if e else 'off'}" for a, b, m, e, _ in CALLS],
 )  # fmt: skip
-def test_plan_prefill_calls(start, stop, export, expected):
-    calls = plan_prefill_calls(start, stop, block_tokens=1024, checkpoint_export=export)
+def test_plan_prefill_calls(start, stop, batched, export, expected):
+    calls = plan_prefill_calls(start, stop, block_tokens=1024, max_batched_tokens=batched,
+                               checkpoint_export=export)  # fmt: skip
     assert calls == expected
-    assert calls[0].start == start and calls[-1].stop == stop
-    boundaries = {p for c in calls for p in c.checkpoints} | {c.stop for c in calls[:-1]}
-    if export:
-        assert boundaries == set(range((start // 1024 + 1) * 1024, stop, 1024))
-    assert all(len(c.checkpoints) <= 4 for c in calls)
+    assert all(c.stop - c.start <= batched for c in calls)
+    assert all(len(c.retained) <= 4 for c in calls)
+    retained = [p for c in calls for p in c.retained]
+    assert all(p % 1024 == 0 and start < p < stop for p in retained)
+    last_boundary = (stop - 1) // 1024 * 1024
+    if export and last_boundary > start:
+        assert retained[-1] == last_boundary  # always kept
+    if not export:
+        assert not retained
+
+
+def test_long_shared_prefix_resumes_at_a_retained_boundary():
+    """The 57,344-of-65,536 case: P1's calls keep its 57,344 state (a call's end)."""
+    calls = plan_prefill_calls(0, 65536, block_tokens=1024, max_batched_tokens=8192,
+                               checkpoint_export=True)  # fmt: skip
+    retained = [p for c in calls for p in c.retained]
+    assert len(calls) == 8 and 57344 in retained and 4096 in retained
+    assert len(retained) == 32 and retained[-1] == 64512

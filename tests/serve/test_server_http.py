@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+from importlib import metadata
 
 import httpx
 import pytest
@@ -20,7 +21,8 @@ from kdabench.serve import start_local_server
 MODEL = "kdabench-local-kda"
 LISTENING = re.compile(
     r"^kdabench-local: listening on (http://127\.0\.0\.1:\d+) checkpoint_export=(on|off) "
-    r"prefix_cache=(on|off) block_tokens=(\d+) device=cpu$"
+    r"prefix_cache=(on|off) block_tokens=(\d+) device=cpu max_batched_tokens=(\d+) "
+    r"cache_gib=4 model=tiny backend=chunk$"
 )
 REQUEST = re.compile(
     r"kdabench-local: request id=(\S+) prompt_tokens=(\d+) cached_tokens=(\d+) "
@@ -96,17 +98,30 @@ def complete(served: Served, prompt, max_tokens: int = 8, **extra) -> dict:
 
 def test_listening_line(served):
     match = LISTENING.fullmatch(served.lines()[0])
-    assert match and match.groups()[1:] == ("on", "on", "256")
+    assert match and match.groups()[1:] == ("on", "on", "256", "8192")
     assert match.group(1) == served.server.url
 
 
 def test_health_version_models_tokenize(served):
     c = served.client
     assert c.get("/health").json() == {"status": "ok"}
-    assert c.get("/version").json() == {"version": kdabench.__version__, "server": "kdabench-local"}
+    version = c.get("/version").json()
+    assert (version["version"], version["server"]) == (kdabench.__version__, "kdabench-local")
+    assert version["device"]["kind"] == "cpu" and version["device"]["name"]
+    assert version["backend"] == "chunk"
+    assert (version["torch"], version["triton"]) == (metadata.version("torch"),
+                                                     metadata.version("triton"))
+    model = version["model"]
+    assert (model["preset"], model["num_layers"], model["num_heads"], model["head_dim"]) == (
+        "tiny", 2, 2, 64)
+    assert model["state_bytes"] == 2 * 2 * 64 * 64 * 4
+    retention = version["retention"]
+    assert (retention["block_tokens"], retention["max_batched_tokens"],
+            retention["checkpoint_export"], retention["checkpoint_capacity"]) == (256, 8192, True, 4)
+    assert retention["cache_slots"] == 4 * 2**30 // model["state_bytes"]
     assert c.get("/v1/models").json() == {"object": "list", "data": [{
         "id": MODEL, "object": "model", "owned_by": "kdabench", "root": MODEL,
-        "revision": "seed-0"}]}  # fmt: skip
+        "revision": "tiny-seed-0"}]}  # fmt: skip
     tokenized = c.post("/tokenize", json={"model": MODEL, "prompt": "héllo"}).json()
     assert tokenized == {"tokens": list("héllo".encode()), "count": 6, "max_model_len": 16384}
 
@@ -197,6 +212,14 @@ def test_metrics_counters_move(served):
     assert delta("vllm:prompt_tokens_total") == 800
     assert delta("vllm:generation_tokens_total") == 5
     assert after["vllm:spec_decode_num_drafts_total"] == 0
+    state_bytes = 2 * 2 * 64 * 64 * 4
+    assert delta("kdabench_local:state_cache_entries") == 2  # the 256 boundary, the end
+    assert delta("kdabench_local:state_cache_used_bytes") == 2 * state_bytes
+    assert after["kdabench_local:state_cache_capacity_bytes"] == 4 * 2**30 // state_bytes * \
+        state_bytes
+    entries = after["kdabench_local:state_cache_entries"]
+    assert after["vllm:kv_cache_usage_perc"] == pytest.approx(entries / (4 * 2**30 // state_bytes))
+    assert after["kdabench_local:state_cache_evictions_total"] == 0
     assert after["vllm:spec_decode_num_accepted_tokens_total"] == 0
     text = served.client.get("/metrics").text
     assert "# TYPE vllm:prefix_cache_hits_total counter" in text
@@ -215,18 +238,20 @@ def test_shared_4096_prefix_of_an_8192_prompt(export, cached, computed):
         first = text_prompt(8192, seed=5)
         second = first[:4096] + text_prompt(4096, seed=6)
         complete(served, first, max_tokens=1)
-        assert served.last_request()["checkpoints_exported"] == (7 if export == "1" else 0)
+        # kept: 2048, 4096, 6144 (every 2048th of the 8192-token call) and 7168 (the last)
+        assert served.last_request()["checkpoints_exported"] == (4 if export == "1" else 0)
         result = complete(served, second, max_tokens=1)
         assert result["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
         assert served.last_request() == {
             "prompt_tokens": 8192,
             "cached_tokens": cached,
             "computed_tokens": computed,
-            "checkpoints_exported": 3 if export == "1" else 0,
+            "checkpoints_exported": 2 if export == "1" else 0,  # 6144 and 7168
         }
         assert served.lines()[0].endswith(
             f"checkpoint_export={'on' if export == '1' else 'off'} "
-            "prefix_cache=on block_tokens=1024 device=cpu"
+            "prefix_cache=on block_tokens=1024 device=cpu max_batched_tokens=8192 cache_gib=4 "
+            "model=tiny backend=chunk"
         )
     finally:
         served.close()
@@ -314,3 +339,32 @@ def test_an_internal_failure_answers_500_and_keeps_serving(monkeypatch):
         assert complete(served, "hi", max_tokens=1)["usage"]["completion_tokens"] == 1
     finally:
         served.close()
+
+
+def test_evictions_counted_when_the_cache_is_full():
+    served = Served({"KDABENCH_LOCAL_BLOCK_TOKENS": "64", "KDABENCH_LOCAL_CACHE_GIB": str(
+        3 * 2 * 2 * 64 * 64 * 4 / 2**30)})  # three states
+    try:
+        complete(served, text_prompt(300, seed=8), max_tokens=1)  # 256 and the end
+        complete(served, text_prompt(300, seed=9), max_tokens=1)  # evicts one
+        metrics = served.metrics()
+        assert metrics["kdabench_local:state_cache_entries"] == 3
+        assert metrics["kdabench_local:state_cache_evictions_total"] == 1
+        assert metrics["vllm:kv_cache_usage_perc"] == 1.0
+    finally:
+        served.close()
+
+
+def test_a_preset_that_does_not_fit_is_refused_before_loading(monkeypatch):
+    from click.testing import CliRunner
+
+    from kdabench.cli.serve_local_cmd import serve_local
+    from kdabench.serve import runtime
+
+    monkeypatch.setattr(runtime, "free_memory", lambda device: 2**30)
+    monkeypatch.setattr(runtime, "KdaModel", None)  # loading would fail the test
+    result = CliRunner().invoke(serve_local, ["--port", "0", "--model", "kimi-linear-tp1"])
+    assert result.exit_code == 2
+    message = result.output.strip()
+    assert "\n" not in message and "'kimi-linear-tp1' does not fit cpu" in message
+    assert "1.0 GiB is free" in message and "KDABENCH_LOCAL_CACHE_GIB" in message

@@ -30,7 +30,7 @@ def test_every_kind_of_request_is_counted_with_its_answer() -> None:
     assert context_needs(OPTIONS) == [
         ("--prompt-tokens", 4096, 4), ("--prompt-tokens", 1024, 4),
         ("probe prompt tokens", 1040, PROBE_FILL_TOKENS + 1 + 8),
-        ("--shared-prefix-tokens", 2048, 4),
+        ("--shared-prefix", 2048, 4),
         ("decode prompt tokens", 128, 512),
     ]
 
@@ -54,6 +54,13 @@ def test_the_decode_window_counts_its_max_tokens() -> None:
                            decode_max_tokens=1024)
     with pytest.raises(SweepError, match="decode prompt tokens 32: a request would need 1056"):
         check_context(options, 1000, "the server")
+
+
+def test_the_gpu_sweep_sizes_fit_the_embedded_server() -> None:
+    """Prompts of 65,536 tokens and the long shared-prefix case, with their answers."""
+    options = SweepOptions(prompt_tokens=(8192, 32768, 65536))
+    assert (65536, 57344) in options.shared_prefix_runs
+    check_context(options, EMBEDDED_MAX_MODEL_LEN, "the embedded server")
 
 
 def test_the_embedded_mode_is_refused_when_it_is_built() -> None:

@@ -91,9 +91,9 @@ def test_launch_two_arms_interleaved(tmp_path: Path) -> None:
     cases = cases_by_id(receipt)
     assert set(cases) == {
         "server/cache-on", "probe/cache-on", "cold/cache-on/64", "cold/cache-on/128",
-        "shared-prefix/cache-on", "decode/cache-on",
+        "shared-prefix/cache-on/64", "decode/cache-on",
         "server/cache-off", "probe/cache-off", "cold/cache-off/64", "cold/cache-off/128",
-        "shared-prefix/cache-off", "decode/cache-off"}
+        "shared-prefix/cache-off/64", "decode/cache-off"}
     assert all(case["verdict"] == "pass" for case in receipt["cases"]), result.output
 
     # what was served, and the launched processes are gone
@@ -126,8 +126,8 @@ def test_launch_two_arms_interleaved(tmp_path: Path) -> None:
     assert probe["checks"]["cache_reused"] and probe["repeat_cached_tokens"] == 64 and probe["checks"]["extension_same_answer"]
     assert probe["drift"] == 0.0 and probe["extension_answer_tokens"] == 4
     assert cases["server/cache-on"]["activation"] == "passed"
-    assert cases["shared-prefix/cache-on"]["p2_cached_tokens"] == [32]
-    assert cases["shared-prefix/cache-off"]["p2_cached_tokens"] == [0]
+    assert cases["shared-prefix/cache-on/64"]["p2_cached_tokens"] == [32]
+    assert cases["shared-prefix/cache-off/64"]["p2_cached_tokens"] == [0]
     assert cases["decode/cache-on"]["acceptance_length"] == pytest.approx(5 / 3)
     assert cases["decode/cache-off"]["acceptance_length"] == 1.0
     decode = cases["decode/cache-on"]
@@ -194,7 +194,7 @@ def test_failing_activation_marks_numbers_invalid(tmp_path: Path, attached) -> N
     cold = cases["cold/only/64"]
     assert cold["valid"] is False and cold["verdict"] == "fail" and cold["n"] == 2
     assert "not activated" in cold["message"]
-    assert cases["shared-prefix/only"]["valid"] is False
+    assert cases["shared-prefix/only/64"]["valid"] is False
     assert cases["decode/only"]["verdict"] == "fail"
 
 
@@ -254,15 +254,16 @@ EMBEDDED = """
 schema = "kdabench.arms.v1"
 name = "embedded-small"
 [sweep]
-prompt_tokens = [256]
+prompt_tokens = [256, 2048]
 samples = 1
 warmups = 0
 probe_tokens = 4
 decode_window_s = 0.2
 decode_prompt_tokens = 32
-shared_prefix_tokens = 2048
+shared_prefix = [[1024, 512], [2048, 1536], [4096, 2048]]
 [common]
-env = { KDABENCH_LOCAL_PREFIX_CACHE = "1", KDABENCH_LOCAL_BLOCK_TOKENS = "256" }
+env = { KDABENCH_LOCAL_PREFIX_CACHE = "1", KDABENCH_LOCAL_BLOCK_TOKENS = "256", \
+        KDABENCH_LOCAL_MAX_BATCHED_TOKENS = "1024" }
 [[arms]]
 name = "final-only"
 env = { KDABENCH_LOCAL_CHECKPOINT_EXPORT = "0" }
@@ -282,8 +283,23 @@ def test_embedded_server_shared_prefix_reuses_checkpoints(tmp_path: Path) -> Non
     assert receipt["config"]["mode"] == "embedded"
     cases = cases_by_id(receipt)
     assert cases["server/checkpoints"]["activation"] == "passed"
-    assert cases["shared-prefix/checkpoints"]["p2_cached_tokens"] == [1024]
-    assert cases["shared-prefix/final-only"]["p2_cached_tokens"] == [0]
+    # calls of 1024 tokens keep every block boundary: P2 resumes where its prefix ends
+    assert cases["shared-prefix/checkpoints/1024"]["p2_cached_tokens"] == [512]
+    assert cases["shared-prefix/checkpoints/2048"]["p2_cached_tokens"] == [1536]
+    assert cases["shared-prefix/final-only/2048"]["p2_cached_tokens"] == [0]
+    assert cases["shared-prefix/final-only/2048"]["shared_tokens"] == 1536
+    assert "shared-prefix/checkpoints/4096" not in cases
+    assert receipt["config"]["shared_prefix_skipped"] == [{
+        "total_tokens": 4096, "shared_tokens": 2048,
+        "reason": "4096 tokens is longer than the largest prompt size, 2048"}]
+    assert "shared prefix 4096:2048 skipped" in result.output
+    runs_on = receipt["config"]["servers"]["checkpoints"]["runs_on"]
+    assert runs_on["status"] == "reported" and runs_on["backend"] == "chunk"
+    assert runs_on["model"] == "tiny" and runs_on["retention"]["max_batched_tokens"] == 1024
+    assert runs_on["torch"] and runs_on["device"] == receipt["device"]["name"]
+    # one line for both arms: their servers run on the same device, backend and model
+    assert f"runs on: {runs_on['device']} · backend chunk · model tiny · torch " in result.output
+    assert "(final-only, checkpoints)" in result.output
 
 
 # ---------------------------------------------------------------------------- context limit
@@ -291,13 +307,13 @@ def test_embedded_server_shared_prefix_reuses_checkpoints(tmp_path: Path) -> Non
 
 def test_prompts_past_the_embedded_servers_limit_exit_2_before_any_server(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["serve-sweep", "--prompt-tokens", "100000", "--out",
+    result = CliRunner().invoke(cli, ["serve-sweep", "--prompt-tokens", "200000", "--out",
                                       str(out)], prog_name="kdabench")
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert "--prompt-tokens 100000" in lines[0] and "at most 65536" in lines[0]
-    assert "max_model_len" in lines[0] and "give at most 65532" in lines[0]
+    assert "--prompt-tokens 200000" in lines[0] and "at most 131072" in lines[0]
+    assert "max_model_len" in lines[0] and "give at most 131068" in lines[0]
     assert not out.exists()
 
 
@@ -445,6 +461,8 @@ def test_a_plain_server_leaves_its_arm_unverified_and_exits_0(tmp_path: Path,
     assert result.exit_code == 0, result.output
     assert verify_file(path).ok and receipt["status"] == "complete"
     assert not [line for line in log if "refused" in line]
+    # its /version names no device: recorded as unknown, not a failure
+    assert receipt["config"]["servers"]["only"]["runs_on"] == {"status": "unknown"}
     cases = cases_by_id(receipt)
     cold = cases["cold/only/64"]
     assert cold["verdict"] == "skip" and cold["status"] == "unverified" and cold["n"] == 2
@@ -457,7 +475,7 @@ def test_a_plain_server_leaves_its_arm_unverified_and_exits_0(tmp_path: Path,
     assert probe["checks"]["cold_uncached"] == "unverifiable"
     assert probe["checks"]["cache_reused"] == "unverifiable"
     assert probe["checks"]["repeat_same_answer"] is True
-    assert cases["shared-prefix/only"]["message"] == "P2 cached tokens not reported by the server"
+    assert cases["shared-prefix/only/64"]["message"] == "P2 cached tokens not reported by the server"
     assert {c["verdict"] for c in receipt["cases"]} == {"pass", "skip"}
     # the summary table and the last line say it in words
     assert "unverified" in result.stdout and "cold/only/64" in result.stdout
