@@ -1,6 +1,6 @@
 """Who ran this: the device, the toolchain and the source tree, as plain JSON-ready dicts.
 
-These three functions feed the receipts (DESIGN section 5) and `kdabench kernels info`.
+These three functions feed the receipts (docs/DESIGN.md §5) and `kdabench kernels info`.
 They read; they change nothing. `toolchain()` and `git_state()` never raise;
 `device_identity()` raises `ValueError` only for a device string that names no device
 on this machine (a user's mistake), and otherwise fills what it cannot read with None.

@@ -1,4 +1,4 @@
-"""`kdabench tune`: the offline generator of profiles (DESIGN section 8).
+"""`kdabench tune`: the offline generator of profiles (docs/DESIGN.md §9).
 
 For each query of a queries file it times candidate kernel configs on the device in hand,
 checks the fastest against the float64 oracle on a smaller instance, and writes
