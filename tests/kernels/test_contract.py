@@ -7,7 +7,7 @@ import pytest
 
 from kdabench import kernels
 from kdabench.kernels import contract
-from kdabench.kernels.contract import MetadataFault, decode_error_code
+from kdabench.kernels.contract import KdaMetadataError, MetadataFault, decode_error_code
 
 
 def test_every_bit_decodes_to_its_sentence():
@@ -26,6 +26,27 @@ def test_the_bits_are_the_four_low_bits():
     assert [int(f) for f in MetadataFault] == [1, 2, 4, 8]
 
 
+def test_a_negative_code_is_not_accepted():
+    """An int32 code with bit 31 set reads as negative: a rejection with an unknown bit."""
+    message = decode_error_code(-(2**31) | 2)
+    assert message.startswith("metadata rejected (error code -2147483646)")
+    assert "MALFORMED_LENGTHS" in message and "unknown bits" in message
+    assert KdaMetadataError(-(2**31)).code == -(2**31)
+
+
+def test_the_contract_values_are_the_designs():
+    """docs/DESIGN.md §2: K = V in {64, 128}, capacity 1, 2 or 4, lower_bound in [-5, 0), the
+    null slot -1. (A change here changes the contract: the design, the kernels and the oracles
+    with it.)"""
+    assert contract.HEAD_DIMS == (64, 128)
+    assert contract.CAPACITIES == (1, 2, 4)
+    assert contract.MIN_LOWER_BOUND == -5.0
+    assert contract.NULL_SLOT == -1
+
+
+# Mutation testing (.ci/mutation): `capacity == 1 and vector` in checkpoint_shape survives as
+# `capacity <= 1 and vector`, an equivalent mutant: the two differ only at capacities below 1,
+# which the contract has none of (CAPACITIES, checked above) and plan() rejects.
 def test_shapes_follow_the_contract():
     assert contract.token_shapes(7, 2, 64)["beta"] == (7, 2)
     assert contract.token_shapes(7, 2, 64)["v"] == (7, 2, 64)

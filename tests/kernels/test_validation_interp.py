@@ -114,8 +114,9 @@ def assert_rejected(result, pool_before, pool, fault: MetadataFault, reference_c
     assert reference_code == int(fault), f"expected_error_code says {reference_code}"
     assert torch.equal(pool, pool_before), "a rejected call changed the state pool"
     assert bool(result.o.isnan().all()), "a rejected call left output values that are not NaN"
-    assert fault.name in decode_error_code(code)
-    assert fault.name in result.message()
+    for bit in (f for f in MetadataFault if f & fault):  # each fault of a combination
+        assert bit.name in decode_error_code(code)
+        assert bit.name in result.message()
     with pytest.raises(KdaMetadataError) as caught:
         result.raise_for_error()
     assert caught.value.code == int(fault)
@@ -164,8 +165,10 @@ def test_valid_base_metadata_is_accepted(capacity, config):
     (4, {"ck_slots": set_at(0, 1, 3)}),  # a checkpoint on its own sequence's final slot
     (2, {"ck_slots": set_at(0, 1, 6)}),  # both checkpoints of sequence 0 on one slot
     (2, {"ck_slots": set_at(1, 0, 6)}),  # checkpoints of sequences 0 and 1 on one slot
+    (1, {"initial": [10, 1, 2], "final": [0, 4, 0]}),  # slot 0, which no sequence reads
 ], ids=["final-final", "checkpoint-on-earlier-final", "checkpoint-on-later-final",
-        "checkpoint-on-own-final", "checkpoints-same-sequence", "checkpoints-across-sequences"])
+        "checkpoint-on-own-final", "checkpoints-same-sequence", "checkpoints-across-sequences",
+        "final-final-slot0"])
 def test_duplicate_write_slot(capacity, changes):
     meta = edited(capacity, changes)
     assert_rejected(*call(meta, capacity), DUP, expected_code(meta, capacity))
@@ -255,13 +258,63 @@ def test_many_sequences_accepted():
     assert changed == list(range(2 * MANY)), "every final and checkpoint slot, nothing else"
 
 
+SPARE = 2 * MANY  # the first of the two slots the 70-sequence set leaves spare
+
+
+@pytest.mark.parametrize("entries, fault", [
+    ({"initial": {3: SPARE + 9, 67: SPARE + 9}}, RANGE),
+    ({"ck_offsets": {3: [0], 66: [0]}}, OFFSET),
+    # sequence 1 writes sequence 0's initial slot, sequence 33 sequence 64's: one lane pair of
+    # the validator's clash matrix, in the first and then the second block of 64
+    ({"initial": {0: SPARE, 64: SPARE + 1}, "final": {1: SPARE, 33: SPARE + 1}}, DUP),
+], ids=["slots", "offsets", "aliases"])
+def test_one_fault_in_both_validator_blocks(entries, fault):
+    """A second finding of a fault keeps its bit set (a bit toggled per finding would clear)."""
+    meta = many_sequences()
+    for key, values in entries.items():
+        meta[key] = [values.get(n, e) for n, e in enumerate(meta[key])]
+    assert_rejected(*many_call(meta), fault, many_expected_code(meta))
+
+
+# ---- chunk offsets: the first global chunk of each sequence, for the prefill ------------------
+
+CHUNK_LENGTHS = [0, 1, 15, 16, 17, 31, 32, 33]  # about multiples of a 16-token chunk
+
+
+@pytest.mark.parametrize("count", [len(CHUNK_LENGTHS), MANY], ids=["one-block", "two-blocks"])
+def test_chunk_offsets(count):
+    """chunk_offsets[n] = the chunks of the sequences before n (ceil(len / 16) each, an empty
+    sequence none), chunk_offsets[N] their total; only the validation runs."""
+    from kdabench.kernels.triton import launch
+
+    lengths = [CHUNK_LENGTHS[n % len(CHUNK_LENGTHS)] for n in range(count)]
+    cu = [0]
+    for length in lengths:
+        cu.append(cu[-1] + length)
+    x = inputs(cu[-1])
+    caps = Caps(device="cpu", num_heads=HEADS, head_dim=DIM, max_tokens=cu[-1], max_seqs=count,
+                max_state_slots=1, max_checkpoints=1)
+    null = [-1] * count
+    binding = bind(plan(caps, KernelConfig(chunk_size=16)), x.q, x.k, x.v, x.g, x.beta,
+                   state_pool=random_pool(1), **metadata_tensors(
+                       {"cu_seqlens": cu, "initial": null, "final": null,
+                        "ck_offsets": [[0]] * count, "ck_slots": [[-1]] * count}, 1))
+    launch.validate(binding)
+    expected = [0]
+    for length in lengths:
+        expected.append(expected[-1] + -(-length // 16))
+    assert int(binding.plan.error_code) == 0
+    assert binding.plan.workspaces["chunk_offsets"].tolist() == expected
+
+
 # ---- bit 1: malformed lengths -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("capacity, changes", [
     (1, {"cu_seqlens": [0, 20, 18, 42]}),
     (2, {"cu_seqlens": [0, 20, 20, 17]}),
-], ids=["decreasing-middle", "decreasing-last"])
+    (1, {"cu_seqlens": [0, 20, 19, 42]}),  # a length of -1
+], ids=["decreasing-middle", "decreasing-last", "decreasing-by-one"])
 def test_non_monotone_cu_seqlens(capacity, changes):
     meta = edited(capacity, changes)
     for n in range(3):  # checkpoints of negative-length sequences would add bit 3
@@ -269,8 +322,10 @@ def test_non_monotone_cu_seqlens(capacity, changes):
     assert_rejected(*call(meta, capacity), LENGTHS_BAD, expected_code(meta, capacity))
 
 
-def test_cu_seqlens_not_starting_at_zero():
-    meta = edited(2, {"cu_seqlens": [1, 20, 37, 42]})
+@pytest.mark.parametrize("cu_seqlens", [[1, 20, 37, 42], [-1, 20, 37, 42], [1, 20, 37, 43]],
+                         ids=["at-1", "at-minus-1", "at-1-and-ending-past-the-tokens"])
+def test_cu_seqlens_not_starting_at_zero(cu_seqlens):
+    meta = edited(2, {"cu_seqlens": cu_seqlens})
     assert_rejected(*call(meta, 2), LENGTHS_BAD, expected_code(meta, 2))
 
 
@@ -319,8 +374,13 @@ def test_live_sequence_count_inside_capacity_ignores_dead_entries():
     (2, {"initial": set_at(1, None, -5)}),
     (4, {"ck_slots": set_at(0, 2, -3)}),
     (1, {"final": set_at(0, None, 2**31 - 1)}),
+    (1, {"initial": set_at(0, None, NUM_SLOTS)}),
+    (2, {"ck_slots": set_at(2, 0, NUM_SLOTS + 5)}),
+    (1, {"initial": set_at(1, None, NUM_SLOTS), "final": set_at(1, None, -2)}),
+    (1, {"initial": set_at(0, None, NUM_SLOTS), "ck_slots": set_at(0, 0, NUM_SLOTS)}),
 ], ids=["final-eq-num-slots", "initial-past-end", "checkpoint-eq-num-slots", "final-minus2",
-        "initial-minus5", "checkpoint-minus3", "final-int32-max"])
+        "initial-minus5", "checkpoint-minus3", "final-int32-max", "initial-eq-num-slots",
+        "checkpoint-past-end", "initial-past-end-final-minus2", "initial-and-checkpoint"])
 def test_slot_out_of_range(capacity, changes):
     meta = edited(capacity, changes)
     assert_rejected(*call(meta, capacity), RANGE, expected_code(meta, capacity))
@@ -345,8 +405,10 @@ def test_slot_out_of_range_with_int64_indices():
     (2, {"ck_offsets": set_at(0, 1, 1)}),  # [1, 1]: duplicate offsets
     (2, {"ck_offsets": set_at(1, 1, 7)}),  # [8, 7]: decreasing
     (4, {"ck_offsets": set_at(0, 2, 5)}),  # [1, 12, 5]: not increasing
+    (1, {"cu_seqlens": [0, 20, 20, 42], "ck_offsets": set_at(1, 0, 0)}),  # 0 in an empty one
 ], ids=["offset-0", "offset-eq-len", "offset-eq-len-short", "offset-far-past", "offset-negative",
-        "duplicate-offsets", "decreasing-offsets", "not-increasing-third"])
+        "duplicate-offsets", "decreasing-offsets", "not-increasing-third",
+        "offset-0-empty-sequence"])
 def test_bad_checkpoint_offset(capacity, changes):
     meta = edited(capacity, changes)
     assert_rejected(*call(meta, capacity), OFFSET, expected_code(meta, capacity))
@@ -364,6 +426,12 @@ def test_split_pipeline_rejects_each_fault_class(capacity, changes, fault):
     class leaves the pool bit for bit unchanged and the whole output NaN."""
     meta = edited(capacity, changes)
     assert_rejected(*call(meta, capacity, config=SPLIT), fault, expected_code(meta, capacity))
+
+
+def test_only_the_null_index_makes_a_checkpoint_inactive():
+    """Checkpoint slot -2 is out of range and still active: its offset (0) is judged too."""
+    meta = edited(1, {"ck_slots": set_at(2, 0, -2), "ck_offsets": set_at(2, 0, 0)})
+    assert_rejected(*call(meta, 1), RANGE | OFFSET, expected_code(meta, 1))
 
 
 def test_inactive_entries_with_garbage_offsets_are_accepted():
@@ -501,3 +569,39 @@ def test_fuzz_device_validator_matches_host_reference(case):
         changed = {s for s in range(FUZZ_SLOTS) if not torch.equal(pool[s], pool_before[s])}
         assert changed <= {s for s in live if s >= 0}, f"slots {changed} written, asked {live}"
         assert not math.isnan(float(result.o[: meta["cu_seqlens"][num_seqs]].float().sum()))
+
+
+# Mutation testing (.ci/mutation, kernels/NOTES.md): the mutants of kernels/triton/validate.py
+# that these tests leave alive are equivalent, or killed by a test outside the mutation's command:
+# - `@triton.jit` removed from `_any` or `_write_slot`: the interpreter calls a plain Python
+#   function alike; the compiler refuses it ("Unsupported function referenced"), which
+#   tests/kernels/test_triton_compile.py catches (it compiles every kernel, too slow a command
+#   for each mutant).
+# - `axis=0` -> `axis=-1` (`_any`'s max, the chunks' cumsum and sum): every operand is 1-D.
+# - `> 0` -> `!= 0` in `_any` and in `act_c`: a max or a sum of 0/1 values is never negative.
+# - `_write_slot`: `j == 0` -> `j >= 0` or `j <= 0` (the final's load mask, the final/checkpoint
+#   choice), `j > 0` -> `j != 0`: j = w % (1 + CK) is never negative, and a final loaded for
+#   j > 0 is discarded by the choice.
+# - `|` -> `^` between two conditions that never hold together: `num_seqs < 1` and
+#   `num_seqs > meta_capacity` (bind() requires cu_seqlens of 2 entries or more, so the capacity
+#   is at least 1); `x < NULL` and `x >= num_slots` for an initial, final or checkpoint slot.
+# - `err | BIT` -> `err ^ BIT` where err cannot hold the bit yet: the lengths bit of the live
+#   count and of cu_seqlens' ends (err is still 0 there), the duplicate bit (set once, last).
+# - `other=0` -> `1` or `-1` for bos, eos and the checkpoint offsets: the masked lanes are dead
+#   sequences, masked again wherever their values are used (live, cmask).
+# - `tl.maximum(seqlen, 0)` -> `tl.maximum(seqlen, -1)`: (-1 + CHUNK - 1) // CHUNK is 0 too.
+# - `rck < CK` -> `rck <= CK` or `rck != CK`: rck = arange(0, CK) is below CK throughout.
+# - prev's start -1 -> -2 or 0 (`- 2`, `~1`, `- 0`, `not 1`): an active offset at or below a
+#   start of 0 or less is outside 1..len-1 and sets the bit anyway; above it, prev becomes that
+#   offset whatever the start.
+# - `tl.where(rck[None, :] == c, offs, 0)` -> `..., 1)`: every off_c moves up by CK - 1 alike;
+#   compared with one another they order as before, and against the start -1 they differ only
+#   for offsets of -1 or less, outside anyway.
+# - `num_writes = num_seqs * (2 + CK)`: the extra write indices belong to no live sequence and
+#   read as the null slot.
+# - the write loops' `range(0, num_writes, BLOCK)` starting at -1 (a or b) or 1 (b): the blocks
+#   still cover every write; index -1 reads the null slot (Triton's integer // and % truncate:
+#   n = 0, j = -1, both loads masked); a clashing pair (p, q) is found as (a, b) = (p, q) or
+#   (q, p), and the larger of the two is at least 1.
+# - `wa != wb` -> `wa > wb` or `wa < wb`: `same` is symmetric, so each pair is found in one of
+#   its two orders.
