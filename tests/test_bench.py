@@ -37,7 +37,6 @@ from kdabench.bench import (
     ShapesError,
     backend_kernel,
     backend_metrics,
-    breakdown_line,
     breakdown_record,
     count_bytes,
     count_flops,
@@ -51,7 +50,6 @@ from kdabench.bench import (
     policy_metrics,
     relative_error,
     shape_metrics,
-    short_kernel_name,
     summarize,
     summarize_by_gates,
 )
@@ -68,7 +66,7 @@ from kdabench.receipts import (
     verify_file,
     verify_receipt,
 )
-from kdabench.report import bench_points, build_report
+from kdabench.report import bench_points, breakdown_line, build_report, short_kernel_name
 
 TINY_SHAPES = """
 schema = "kdabench.bench-shapes.v1"

@@ -26,13 +26,7 @@ from kdabench.bench.backend import (
     Prepared,
     backend_kernel,
 )
-from kdabench.bench.breakdown import (
-    Profiler,
-    breakdown_line,
-    breakdown_record,
-    cuda_kernel_profiler,
-    short_kernel_name,
-)
+from kdabench.bench.breakdown import Profiler, breakdown_record, cuda_kernel_profiler
 from kdabench.bench.gates import (
     DEFAULT_GATES,
     FAST_DECAY,
@@ -71,9 +65,9 @@ __all__ = [
     "KDABENCH_BASELINE", "KDABENCH_C1", "LONG_MEMORY", "MODES", "SANITY_TOLERANCE",
     "SHAPE_SETS", "Backend", "Bench", "BenchCase", "BenchError", "BenchResult", "BenchShape",
     "Ceilings", "GateRegime", "KernelCalls", "Outputs", "Prepared", "Profiler", "ShapeSet",
-    "ShapesError", "Timer", "backend_kernel", "backend_metrics", "breakdown_line",
+    "ShapesError", "Timer", "backend_kernel", "backend_metrics",
     "breakdown_record", "capture_graph", "check_replays", "count_bytes", "count_flops",
     "cuda_event_timer", "cuda_kernel_profiler", "draw_inputs", "floor", "load_gate_stats",
     "load_shapes", "merge_bench_receipts", "parse_gates", "parse_shapes", "policy_metrics",
-    "relative_error", "shape_metrics", "short_kernel_name", "summarize", "summarize_by_gates",
+    "relative_error", "shape_metrics", "summarize", "summarize_by_gates",
 ]

@@ -321,7 +321,7 @@ def _summary_words(row: dict[str, Any]) -> str:
 
 def _render_breakdown(console: Console, result) -> None:
     """Per shape and kernel, one line: GPU time per call and its largest GPU kernels."""
-    from kdabench.bench import breakdown_line
+    from kdabench.report import breakdown_line
 
     calls = result.receipt["config"]["breakdown_calls"]
     console.print(f"where the GPU time goes (microseconds per call, mean of {calls} eager calls "

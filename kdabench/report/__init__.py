@@ -30,6 +30,7 @@ and written) and `table` (every case as a DataFrame row).
 """
 
 from kdabench.report.bench import KERNEL_ORDER, BenchPoint, bench_points, plot_bench
+from kdabench.report.breakdown import breakdown_line, short_kernel_name
 from kdabench.report.build import (
     REPORT_NAME,
     SECTIONS,
@@ -54,7 +55,8 @@ __all__ = [
     "AXIS_SKIP", "COLUMNS", "KERNEL_ORDER", "REPORT_NAME", "SECTIONS", "STATE_ERRORS",
     "TTFT_KINDS",
     "BenchPoint", "ReportError", "ReportResult", "ServePoint",
-    "bench_points", "build_report", "case_rows", "cases_table", "fmt_count", "fmt_err",
+    "bench_points", "breakdown_line", "build_report", "case_rows", "cases_table", "fmt_count", "fmt_err",
     "fmt_ms", "md_table", "plot_bench", "plot_qualify_times", "plot_serve", "qualify_by_axis",
     "qualify_by_scenario", "read_receipts", "render_report", "report_table", "serve_point",
+    "short_kernel_name",
 ]

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from kdabench import stats
-from kdabench.bench.breakdown import breakdown_line
 from kdabench.receipts import LoadedReceipt
+from kdabench.report.breakdown import breakdown_line
 from kdabench.report.fields import finite_numbers, get_field, to_number
 from kdabench.report.markdown import (
     device_name,
