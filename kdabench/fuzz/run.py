@@ -108,6 +108,16 @@ def merge_runs(runs: list[BackendRun]) -> BackendRun:
     return out
 
 
+def warm_up_runs(bases: tuple[int, ...], part: tuple[int, int] = (0, 1)
+                 ) -> list[tuple[int, int, int, int, int, str]]:
+    """Part (i, n) of the warm-up's runs, every n-th from i: (capacity, slot base, tokens,
+    slots, rows, index dtype), one per integer specialisation of the bound sizes."""
+    index, parts = part
+    runs = itertools.product((1, 2, 4), bases, WARM_TOKENS, WARM_TOKENS, (1, 2),
+                             ("int32", "int64"))
+    return list(itertools.islice(runs, index, None, parts))
+
+
 @dataclass
 class Campaign:
     """One run's options. target: what runs a binding (kdabench.kernels.run by default)."""
@@ -198,11 +208,8 @@ class Campaign:
         (this process's part of them: workers split the compiles, and each loads the others'
         from Triton's on-disk cache)."""
         bases = (0, base) if self.limits.high_share else (0,)
-        index, parts = self.warm_part
-        runs = itertools.product((1, 2, 4), bases, WARM_TOKENS, WARM_TOKENS, (1, 2),
-                                 ("int32", "int64"))
-        for capacity, slot_base, tokens, slots, rows, dtype in \
-                itertools.islice(runs, index, None, parts):
+        for capacity, slot_base, tokens, slots, rows, dtype in warm_up_runs(bases,
+                                                                            self.warm_part):
             rig = rigs.get(backend, Shape(self.limits, capacity, self.seed, slot_base))
             fset = FuzzSet(capacity, [0, 1] + [1] * (rows - 1), 1, [-1] * rows,
                            [0] + [-1] * (rows - 1), [[1] * capacity] * rows,

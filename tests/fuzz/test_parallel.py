@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kdabench.fuzz import CPU_LIMITS, Campaign, parallel
-from kdabench.fuzz.run import BackendRun, merge_runs
+from kdabench.fuzz.run import BackendRun, merge_runs, warm_up_runs
 
 
 def test_counts_split_evenly_and_add_up():
@@ -24,6 +24,14 @@ def test_counts_split_evenly_and_add_up():
 def test_worker_zero_keeps_the_campaign_seed():
     assert parallel.worker_seeds(7, 3) == [7, 7 + parallel.SEED_STRIDE,
                                            7 + 2 * parallel.SEED_STRIDE]
+
+
+def test_the_workers_warm_up_parts_cover_every_specialisation_once():
+    whole = warm_up_runs((0, 2**31))
+    assert len(whole) == len(set(whole)) == 3 * 2 * 3 * 3 * 2 * 2
+    parts = [warm_up_runs((0, 2**31), (i, 8)) for i in range(8)]
+    assert sorted(run for part in parts for run in part) == sorted(whole)
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
 def test_merge_sums_counts_and_spans_the_wall_time():
