@@ -444,6 +444,19 @@ def test_merged_shards_equal_one_unsharded_run():
     assert missing_shards(merged) == []
 
 
+def test_a_merged_receipt_names_no_machine_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    outside = "/work/.device/4/results"
+    merged = merge_receipts(
+        shard_receipts(2), labels=[f"{outside}/a-shard1of2.json", str(tmp_path / "b.json")],
+        command_line=["/work/venv/bin/kdabench", "merge", f"{outside}/a-shard1of2.json",
+                      str(tmp_path / "b.json"), "--out", str(tmp_path / "results")])
+    assert merged["command_line"] == ["kdabench", "merge", "a-shard1of2.json", "b.json",
+                                      "--out", "results"]
+    assert [entry["label"] for entry in merged["config"]["merged_from"]] == [
+        "a-shard1of2.json", "b.json"]
+
+
 def test_merge_orders_by_id_without_index():
     cases = [{"id": name, "verdict": "pass"} for name in ["c", "a", "d", "b"]]
     docs = shard_receipts(2, cases=cases)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from kdabench.receipts.encoding import _HASH_FIELD, SCHEMA, ReceiptError, seal, utc_now
 from kdabench.receipts.verify import verify_receipt
+from kdabench.receipts.write import portable_command_line, portable_path
 from kdabench.sources import compare_source_hashes
 
 # Config keys that legitimately differ between shards of one matrix run; every other
@@ -158,7 +160,8 @@ def merge_receipts(
         "sources": first["sources"],
         "device": first["device"],
         "toolchain": first["toolchain"],
-        "command_line": list(sys.argv) if command_line is None else list(command_line),
+        "command_line": portable_command_line(
+            list(sys.argv) if command_line is None else command_line, Path.cwd()),
         "config": config,
         "cases": cases,
         "status": status,
@@ -169,7 +172,7 @@ def _merged_from(doc: Mapping[str, Any], label: str, run_local_keys: frozenset[s
                  ) -> dict[str, Any]:
     """What the merged receipt records of one shard."""
     entry = {
-        "label": label,
+        "label": portable_path(label, Path.cwd()),
         "shard": doc["config"].get("shard"),
         "sha256": doc[_HASH_FIELD],
         "created_at": doc["created_at"],

@@ -207,15 +207,21 @@ class ReceiptBuilder:
         return ReceiptWriter(self, path, every=every)
 
 
+def portable_path(value: str, cwd: Path) -> str:
+    """``value`` as a receipt records it: an absolute path relative to ``cwd`` when it lies
+    inside, else by its last component; anything else as it is."""
+    path = Path(value)
+    if not path.is_absolute():
+        return value
+    return os.path.relpath(path, cwd) if path.is_relative_to(cwd) else path.name
+
+
 def portable_command_line(argv: Sequence[str], cwd: Path) -> list[str]:
     """``argv`` as a receipt records it, naming no machine's folders: the program by its
-    name, an absolute path relative to ``cwd`` (where the command ran) when it lies inside,
-    else by its last component."""
+    name, every other argument (and the value of ``--option=value``) by :func:`portable_path`
+    against ``cwd`` (where the command ran)."""
     def portable(value: str) -> str:
-        path = Path(value)
-        if not path.is_absolute():
-            return value
-        return os.path.relpath(path, cwd) if path.is_relative_to(cwd) else path.name
+        return portable_path(value, cwd)
 
     recorded = []
     for position, arg in enumerate(str(arg) for arg in argv):
