@@ -42,6 +42,7 @@ TOOLCHAIN_DISTRIBUTIONS = {
     "cutlass-dsl": "nvidia-cutlass-dsl-libs-base",
     "tvm-ffi": "apache-tvm-ffi",
     "fla": "flash-linear-attention",
+    "cudnn-frontend": "nvidia-cudnn-frontend",
 }
 
 _SUBPROCESS_TIMEOUT_S = 10

@@ -19,12 +19,14 @@ import pytest
 import torch
 
 from kdabench.bench import (
+    CUDNN,
     FAST_DECAY,
     FLA,
     KDABENCH,
     KDABENCH_BASELINE,
     KDABENCH_C1,
     LONG_MEMORY,
+    PEERS,
     SANITY_TOLERANCE,
     Bench,
     BenchError,
@@ -54,6 +56,7 @@ from kdabench.bench import (
     summarize_by_gates,
 )
 from kdabench.bench import cuda as bench_cuda
+from kdabench.bench import options as bench_options
 from kdabench.bench import replay as bench_replay
 from kdabench.compare import compare_paths
 from kdabench.kernel_records import plan_record
@@ -88,9 +91,9 @@ CUTE_SOURCE = "cute backend, aot fake/sm_90a (nvidia-cutlass-dsl 4.8, built toda
 
 # Nominal milliseconds per 1024 tokens and head, per kernel and mode.
 FAKE_MS = {("eager", FLA): 0.40, ("eager", KDABENCH): 0.20, ("eager", KDABENCH_C1): 0.19,
-           ("eager", KDABENCH_BASELINE): 0.24, ("eager", CUTE): 0.16,
+           ("eager", KDABENCH_BASELINE): 0.24, ("eager", CUTE): 0.16, ("eager", CUDNN): 0.10,
            ("graph", FLA): 0.20, ("graph", KDABENCH): 0.08, ("graph", KDABENCH_C1): 0.078,
-           ("graph", KDABENCH_BASELINE): 0.10, ("graph", CUTE): 0.05}
+           ("graph", KDABENCH_BASELINE): 0.10, ("graph", CUTE): 0.05, ("graph", CUDNN): 0.04}
 
 
 def fake_timer(calls, warmup, reps):
@@ -111,16 +114,22 @@ class FakeBackend:
     baseline's and kdabench-cute's are kdabench's plus `baseline_error` and `backend_error`.
     Every kdabench plan resolves block_v 32 but the baseline's at T = 64 (block_v 16): the
     configs differ at that shape only; kdabench-cute's is the CuteConfig. `backend_reasons`:
-    {backend: why it cannot run here}."""
+    {backend: why it cannot run here}; `peer_reasons`: {peer: why it cannot run here} (fla's
+    also from `fla_reason`; cudnn absent unless `cudnn` is True); cudnn's output is fla's
+    plus `cudnn_error`."""
 
     def __init__(self, *, fla_reason: str | None = None, output_error: float = 1e-3,
                  fla_graph: bool = True, fail_prepare: bool = False, unavailable=None,
                  baseline_error: float = 0.0, backend_error: float = 0.0,
                  backend_reasons: dict[str, str] | None = None,
-                 stale_replays: dict[str, str] | None = None, draw: bool = True):
+                 stale_replays: dict[str, str] | None = None, draw: bool = True,
+                 cudnn: bool = False, cudnn_error: float = 0.0,
+                 peer_reasons: dict[str, str] | None = None):
         self.timer = fake_timer
         self.profiler = fake_profiler
-        self.fla_reason, self.output_error = fla_reason, output_error
+        self.output_error, self.cudnn_error = output_error, cudnn_error
+        self.peer_reasons = {FLA: fla_reason, **({} if cudnn else {
+            CUDNN: "nvidia-cudnn-frontend is not installed (fake)"}), **(peer_reasons or {})}
         self.fla_graph, self.fail_prepare, self._unavailable = fla_graph, fail_prepare, unavailable
         self.baseline_error, self.backend_error = baseline_error, backend_error
         self.backend_reasons = backend_reasons or {}
@@ -138,8 +147,8 @@ class FakeBackend:
     def identity(self):
         return {"kind": "fake", "device": "fake:0", "name": "Fake GPU"}
 
-    def fla_unavailable(self):
-        return self.fla_reason
+    def peer_unavailable(self, peer):
+        return self.peer_reasons.get(peer)
 
     def backend_unavailable(self, backend, shapes):
         return self.backend_reasons.get(backend)
@@ -186,9 +195,10 @@ class FakeBackend:
             ours = noisy(reference, self.output_error)
             baseline = noisy(ours, self.baseline_error)
             cute = noisy(ours, self.backend_error)
+            cudnn = noisy(reference, self.cudnn_error)
             for kernel in kernels:
                 found.output[kernel] = {FLA: reference, KDABENCH_BASELINE: baseline,
-                                        CUTE: cute}.get(kernel, ours)
+                                        CUTE: cute, CUDNN: cudnn}.get(kernel, ours)
                 found.final_state[kernel] = state
             return found
 
@@ -209,7 +219,7 @@ class FakeBackend:
             shape.tokens, shape.heads, shapes.head_dim, shape.seqs),
             calls={k: calls(k) for k in kernels}, outputs=outputs, check=list,
             release=release, details={"kernel_configs": {
-                k: record(k) for k in kernels if k != FLA}}, gate_stats=gate_stats)
+                k: record(k) for k in kernels if k not in PEERS}}, gate_stats=gate_stats)
 
 
 @pytest.fixture
@@ -612,6 +622,56 @@ def test_against_none_and_eager_only(tmp_path, tiny):
     case = result.cases[0]
     assert case["primary_mode"] == "eager" and set(case["modes"]) == {"eager"}
     assert FLA not in case["kernels"]
+
+
+def test_cudnn_peer_runs_beside_fla(tmp_path, tiny):
+    result = run_fake(tmp_path, tiny, backend=FakeBackend(cudnn=True), against="fla,cudnn")
+    assert result.ok and result.peers_skipped == {}
+    config = result.receipt["config"]
+    assert config["against"] == "fla,cudnn" and config["peers"] == [FLA, CUDNN]
+    assert config["kernels"][:2] == [FLA, CUDNN]
+    case = result.cases[0]
+    # fake graph: cudnn 0.04, kdabench 0.08 per 1024 tokens and head
+    assert case["ratio_cudnn_over_kdabench"]["graph"] == pytest.approx(0.5)
+    assert case["ratio_fla_over_kdabench"]["graph"] == pytest.approx(2.5)
+    assert case["sanity"]["cudnn_output"] == pytest.approx(1e-3, rel=0.05)
+    row = result.summary["per_mode"]["graph"]
+    assert row["median_ratio_cudnn_over_kdabench"] == pytest.approx(0.5)
+    assert set(row["cudnn_ratio_by_shape"]) == {c["id"] for c in result.cases}
+    assert verify_file(result.receipt_path).ok
+
+
+def test_absent_cudnn_is_skipped_with_its_reason(tmp_path, tiny):
+    result = run_fake(tmp_path, tiny, against="cudnn,fla")
+    assert result.ok and result.fla_skipped is None
+    assert result.peers_skipped == {CUDNN: "nvidia-cudnn-frontend is not installed (fake)"}
+    assert result.receipt["config"]["peers_skipped"] == result.peers_skipped
+    case = result.cases[0]
+    assert CUDNN not in case["kernels"] and FLA in case["kernels"]
+    assert "ratio_cudnn_over_kdabench" not in case
+    assert "median_ratio_cudnn_over_kdabench" not in result.summary["per_mode"]["graph"]
+
+
+def test_a_cudnn_output_that_differs_fails_the_case(tmp_path, tiny):
+    result = run_fake(tmp_path, tiny, backend=FakeBackend(cudnn=True, cudnn_error=0.2),
+                      against="cudnn")
+    assert not result.ok and FLA not in result.cases[0]["kernels"]
+    assert re.search(r"kdabench output differs from cudnn's by 0\.[12]\d* \(relative\), over 0.05",
+                     result.cases[0]["message"])
+
+
+@pytest.mark.parametrize(("against", "peers"), [
+    ("fla", (FLA,)), ("cudnn,fla", (FLA, CUDNN)), (" cudnn ", (CUDNN,)), ("none", ()),
+    (["fla", "cudnn"], (FLA, CUDNN))])
+def test_against_names_the_peers(against, peers):
+    assert bench_options.peers(against) == peers
+
+
+@pytest.mark.parametrize("against", ["flash", "none,fla", "", "fla,,triton"])
+def test_against_refuses_what_is_no_peer(against):
+    with pytest.raises(BenchError, match="--against takes a comma-separated subset of "
+                       "fla,cudnn, or none"):
+        bench_options.peers(against)
 
 
 def test_fla_graph_capture_failure_leaves_its_column_empty(tmp_path, tiny):

@@ -1,12 +1,12 @@
-"""`kdabench bench`: kdabench's prefill (on one or more kernel backends) against fla's
-chunk_kda, per shape and mode, with the floor measured in the same run, written as a bench
+"""`kdabench bench`: kdabench's prefill (on one or more kernel backends) against its peers
+(fla's chunk_kda, cuDNN's fused sm90 KDA kernel), per shape and mode, with the floor measured in the same run, written as a bench
 receipt and plots.
 
 Modules: `shapes` (the shapes file and the packaged sets), `gates` (the gate regimes: how
 the inputs' log decay is drawn), `options` (the checked options and the cases: shape x gate
 regime), `work` (bytes, FLOPs, floor), `timing` (the injectable timer, graph capture),
 `breakdown` (the injectable kernel profiler: GPU time per kernel), `backend` (what a device
-provides), `cuda` (the real one), `replay` (every graph's replay checked against an eager
+provides), `cuda` (the real one), `cudnn` (cuDNN's kernel as a peer), `replay` (every graph's replay checked against an eager
 call), `sanity` (outputs against each other), `measure` (one case), `summary` (per-case
 metrics and the summary over the cases), `receipt` (the config and the result), `run` (the
 runner), `merge` (joining the shard receipts of a sharded run), `plots` (PNGs beside the
@@ -14,12 +14,14 @@ receipt).
 """
 
 from kdabench.bench.backend import (
+    CUDNN,
     DEFAULT_BACKENDS,
     FLA,
     KDABENCH,
     KDABENCH_BASELINE,
     KDABENCH_C1,
     MODES,
+    PEERS,
     Backend,
     KernelCalls,
     Outputs,
@@ -37,7 +39,7 @@ from kdabench.bench.gates import (
     parse_gates,
 )
 from kdabench.bench.merge import merge_bench_receipts
-from kdabench.bench.options import AGAINST, BenchCase, BenchError
+from kdabench.bench.options import NO_PEER, BenchCase, BenchError
 from kdabench.bench.receipt import BenchResult
 from kdabench.bench.replay import check_replays
 from kdabench.bench.run import Bench
@@ -61,8 +63,9 @@ from kdabench.bench.timing import Timer, capture_graph, cuda_event_timer
 from kdabench.bench.work import Ceilings, count_bytes, count_flops, floor
 
 __all__ = [
-    "AGAINST", "DEFAULT_BACKENDS", "DEFAULT_GATES", "FAST_DECAY", "FLA", "KDABENCH",
-    "KDABENCH_BASELINE", "KDABENCH_C1", "LONG_MEMORY", "MODES", "SANITY_TOLERANCE",
+    "CUDNN", "DEFAULT_BACKENDS", "DEFAULT_GATES", "FAST_DECAY", "FLA", "KDABENCH",
+    "KDABENCH_BASELINE", "KDABENCH_C1", "LONG_MEMORY", "MODES", "NO_PEER", "PEERS",
+    "SANITY_TOLERANCE",
     "SHAPE_SETS", "Backend", "Bench", "BenchCase", "BenchError", "BenchResult", "BenchShape",
     "Ceilings", "GateRegime", "KernelCalls", "Outputs", "Prepared", "Profiler", "ShapeSet",
     "ShapesError", "Timer", "backend_kernel", "backend_metrics",

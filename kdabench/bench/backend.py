@@ -7,8 +7,9 @@ Kernel names: ``kdabench`` (capacity 4, four active checkpoints per sequence),
 ``kdabench-c1`` (capacity 1, one active checkpoint per sequence), ``kdabench-baseline``
 (as ``kdabench``, its config resolved under the baseline policy mode), all three on the
 first kernel backend asked for; ``kdabench-<backend>`` (:func:`backend_kernel`; as ``kdabench``
-on each further backend, e.g. ``kdabench-cute``) and ``fla`` (``fla.ops.kda.chunk_kda`` with
-its final state).
+on each further backend, e.g. ``kdabench-cute``); the peers: ``fla`` (``fla.ops.kda.chunk_kda``
+with its final state) and ``cudnn`` (cuDNN frontend's fused sm90 KDA kernel,
+:mod:`kdabench.bench.cudnn`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ KDABENCH = "kdabench"
 KDABENCH_C1 = "kdabench-c1"
 KDABENCH_BASELINE = "kdabench-baseline"
 FLA = "fla"
+CUDNN = "cudnn"
+PEERS = (FLA, CUDNN)  # other KDA kernels timed beside kdabench (--against)
 MODES = ("eager", "graph")
 DEFAULT_BACKENDS = ("triton",)
 
@@ -85,8 +88,8 @@ class Backend(Protocol):
     def identity(self) -> dict[str, Any]:
         """The device identity for the receipt."""
 
-    def fla_unavailable(self) -> str | None:
-        """Why fla's chunk_kda cannot be called (None when it can)."""
+    def peer_unavailable(self, peer: str) -> str | None:
+        """Why peer kernel ``peer`` (one of PEERS) cannot be called (None when it can)."""
 
     def backend_unavailable(self, backend: str, shapes: ShapeSet) -> str | None:
         """Why kernel backend ``backend`` cannot plan ``shapes`` here (None when it can)."""

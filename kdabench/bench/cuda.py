@@ -29,7 +29,9 @@ zeroed outputs (kdabench: the output and the pool slots it writes, final states 
 checkpoints; fla: the output and the final state) and must reproduce an eager call on the
 same set. kdabench graphs that do not are refused (the case fails); for fla, a
 ``use_graph=True`` capture that does not falls back to the plain capture, and the case fails
-only when that one does not either.
+only when that one does not either. cudnn (:mod:`kdabench.bench.cudnn`): cuDNN frontend's
+fused sm90 kernel on the same tensors (g and beta as fp32 copies, cu_seqlens as int32), one
+output and final-state buffer per input set; its graph is a plain capture, checked the same way.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import Any
 import torch
 
 from kdabench.bench.backend import (
+    CUDNN,
     DEFAULT_BACKENDS,
     FLA,
     KDABENCH,
@@ -219,9 +222,7 @@ class CudaBackend:
     def __init__(self) -> None:
         self.timer = cuda_event_timer
         self.profiler = cuda_kernel_profiler
-        self._fla: Callable | None = None
-        self._fla_reason: str | None = None
-        self._fla_checked = False
+        self._peers: dict[str, tuple[Any, str | None]] = {}  # peer: (its entry, why not)
 
     def unavailable(self) -> str | None:
         if not torch.cuda.is_available():
@@ -236,11 +237,17 @@ class CudaBackend:
 
         return device_identity("cuda")
 
-    def fla_unavailable(self) -> str | None:
-        if not self._fla_checked:
-            self._fla, self._fla_reason = import_fla()
-            self._fla_checked = True
-        return self._fla_reason
+    def peer_unavailable(self, peer: str) -> str | None:
+        if peer not in self._peers:
+            if peer == FLA:
+                self._peers[peer] = import_fla()
+            elif peer == CUDNN:
+                from kdabench.bench.cudnn import import_cudnn_kda
+
+                self._peers[peer] = import_cudnn_kda()
+            else:
+                self._peers[peer] = (None, f"no peer kernel named {peer!r}")
+        return self._peers[peer][1]
 
     def backend_unavailable(self, backend: str, shapes: ShapeSet) -> str | None:
         from kdabench import kernels as kda
@@ -315,13 +322,21 @@ class CudaBackend:
                     "plan/bind once per input set; run(binding) captured; every replay checked"
         fla_calls: list[Callable] = []
         if FLA in kernels:
-            chunk_kda = self._fla
+            chunk_kda = self._peers[FLA][0]
             fla_cu = fla_cu_seqlens(sets)
             fla_calls = [fla_call(chunk_kda, x, cu_seqlens=fla_cu) for x in sets]
             calls[FLA] = KernelCalls(eager=fla_calls)
             if "graph" in modes:
                 calls[FLA].graph, calls[FLA].graph_note, calls[FLA].replay_check = \
                     _capture_fla(chunk_kda, sets, fla_cu)
+
+        cudnn_calls: list[Callable] = []
+        if CUDNN in kernels:
+            cudnn_calls = _cudnn_calls(self._peers[CUDNN][0], sets)
+            calls[CUDNN] = KernelCalls(eager=cudnn_calls)
+            if "graph" in modes:
+                calls[CUDNN].graph, calls[CUDNN].graph_note, calls[CUDNN].replay_check = \
+                    _capture_plain(cudnn_calls)
 
         def outputs() -> Outputs:
             found = Outputs()
@@ -335,6 +350,10 @@ class CudaBackend:
                 o, final = fla_calls[0]()
                 found.output[FLA] = o[0].float().clone()
                 found.final_state[FLA] = final.transpose(-1, -2).float().clone()
+            if cudnn_calls:
+                o, final = cudnn_calls[0]()
+                found.output[CUDNN] = o.float().clone()
+                found.final_state[CUDNN] = final.float().clone()
             torch.cuda.synchronize()
             return found
 
@@ -352,6 +371,7 @@ class CudaBackend:
             calls.clear()
             kda_runs.clear()
             fla_calls.clear()
+            cudnn_calls.clear()
             plans.clear()
             sets.clear()
             torch.cuda.synchronize()
@@ -401,6 +421,31 @@ def _capture_fla(chunk_kda: Callable, sets: Sequence[KdaInputs], cu_seqlens: tor
         return [graph.replay for graph, _ in captured], note, replays
     note = "fla graph capture failed: " + "; ".join(failures)
     return None, note, None if rejected is None else {**rejected, "problem": note}
+
+
+def _cudnn_calls(cuda_host: Any, sets: Sequence[KdaInputs]) -> list[Callable]:
+    """One cuDNN call per input set, each with its own output and final-state buffers (so a
+    graph per set writes its own); the first call compiles the kernel if no earlier one did."""
+    from kdabench.bench.cudnn import cudnn_call
+
+    return [cudnn_call(cuda_host, x) for x in sets]
+
+
+def _capture_plain(calls: Sequence[Callable[[], Any]]
+                   ) -> tuple[list[Callable] | None, str, dict[str, Any] | None]:
+    """A plain graph capture of each call, every replay checked against an eager call: the
+    replays (None when a capture failed or a replay differs), the note and the check."""
+    try:
+        captured = [capture_graph(call) for call in calls]
+    except Exception as error:  # noqa: BLE001 - a failed capture is recorded, not fatal
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+        return None, f"graph capture failed: {type(error).__name__}: {str(error)[:200]}", None
+    replays = check_replays([(graph, out) for graph, out in captured], list(calls))
+    if replays["problem"]:
+        return None, replays["problem"], replays
+    return ([graph.replay for graph, _ in captured],
+            "plain capture of the launch; every replay checked", replays)
 
 
 def _output_and_state(result: Any) -> tuple[torch.Tensor, torch.Tensor]:

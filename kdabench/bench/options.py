@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kdabench.bench.backend import MODES
+from kdabench.bench.backend import MODES, PEERS
 from kdabench.bench.shapes import BenchShape, ShapeSet
 from kdabench.matrix import MatrixError, check_shard
 
-AGAINST = ("fla", "none")
+NO_PEER = "none"
 DEFAULT_REPS = 100
 DEFAULT_WARMUP = 10
 
@@ -39,11 +39,22 @@ class BenchCase:
         return f"{self.shape.label}/{self.gates.name}"
 
 
-def check_counts(against: str, modes: Sequence[str], reps: int, warmup: int,
-                 breakdown: int) -> list[str]:
+def peers(against: str | Sequence[str]) -> tuple[str, ...]:
+    """The peer kernels to time beside kdabench, in PEERS order: ``against`` is a comma-
+    separated subset of PEERS (or a sequence of names), or "none"."""
+    names = [n.strip() for n in (against.split(",") if isinstance(against, str) else against)]
+    names = [n for n in names if n]
+    if names == [NO_PEER]:
+        return ()
+    bad = [n for n in names if n not in PEERS]
+    if bad or not names:
+        raise BenchError(f"--against takes a comma-separated subset of {','.join(PEERS)}, or "
+                         f"{NO_PEER}; got {','.join(names) or 'nothing'}")
+    return tuple(p for p in PEERS if p in names)
+
+
+def check_counts(modes: Sequence[str], reps: int, warmup: int, breakdown: int) -> list[str]:
     """The modes to time, in MODES order, once the simple options are checked."""
-    if against not in AGAINST:
-        raise BenchError(f"--against must be one of {', '.join(AGAINST)}, got {against!r}")
     modes = list(dict.fromkeys(modes))
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:

@@ -17,11 +17,15 @@ if TYPE_CHECKING:
 
 DEFINITIONS = {
     "ratio_fla_over_kdabench": "fla median / kdabench median, same mode",
+    "ratio_cudnn_over_kdabench": ("cudnn (cuDNN frontend's fused sm90 KDA kernel) median / "
+                                  "kdabench median, same mode (present when cudnn ran)"),
     "export_overhead": ("kdabench (capacity 4, four active checkpoints) median / "
                         "kdabench-c1 (capacity 1, one active checkpoint) median - 1, same mode"),
     "to_floor": "median / floor_ms",
     "floor_ms": "max(bytes / copy rate, FLOPs / bf16 matmul rate)",
-    "sanity": "relative Frobenius error of kdabench's output against fla's",
+    "sanity": ("relative Frobenius error of kdabench's output against fla's (output, "
+               "final_state) and against cudnn's (cudnn_output, cudnn_final_state)"),
+    "peers_skipped": "per peer asked for (--against) and not timed: why",
     "policy_gain": ("kdabench-baseline (capacity 4, config under baseline_policy) median / "
                     "kdabench median, same mode"),
     "backends": ("kdabench, kdabench-c1 and kdabench-baseline run on backends[0]; "
@@ -52,6 +56,7 @@ def bench_config(bench: Bench, ceilings: Any) -> dict[str, Any]:
         "shapes_sha256": shapes.sha256, "shapes": shapes.document,
         "gates": [regime.record(shapes.seed, statistics=True) for regime in bench.gates],
         "against": bench.against, "fla_skipped": bench.fla_skipped,
+        "peers": list(bench.peers), "peers_skipped": bench.peers_skipped,
         "kernels": bench.kernels, "modes": bench.modes, "primary_mode": bench.primary_mode,
         "reps": bench.reps, "warmup": bench.warmup, "breakdown_calls": bench.breakdown,
         "policy_mode": bench.policy_mode,
@@ -76,6 +81,7 @@ class BenchResult:
     summary: dict[str, Any]
     plots: list[Path] = field(default_factory=list)
     fla_skipped: str | None = None
+    peers_skipped: dict[str, str] = field(default_factory=dict)
     plot_error: str | None = None
 
     @property
@@ -90,6 +96,7 @@ class BenchResult:
             "shape_set": config.get("shape_set"),
             "gates": [regime["name"] for regime in config["gates"]],
             "modes": config["modes"], "fla_skipped": self.fla_skipped,
+            "peers": config.get("peers"), "peers_skipped": self.peers_skipped,
             "backends": config["backends"],
             "policy_mode": config.get("policy_mode"),
             "baseline_policy": config.get("baseline_policy"),
@@ -102,6 +109,7 @@ class BenchResult:
                         "median_ms": {mode: {k: v.get("median_ms") for k, v in kernels.items()}
                                       for mode, kernels in (c.get("modes") or {}).items()},
                         "ratio_fla_over_kdabench": c.get("ratio_fla_over_kdabench"),
+                        "ratio_cudnn_over_kdabench": c.get("ratio_cudnn_over_kdabench"),
                         "export_overhead": c.get("export_overhead"),
                         "policy_gain": c.get("policy_gain"),
                         "same_config": c.get("same_config"),

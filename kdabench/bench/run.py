@@ -103,7 +103,7 @@ class Bench:
     then :meth:`run` measures the ceilings, every case, and writes receipt and plots."""
 
     def __init__(self, shapes: ShapeSet, *, backend: Backend | None = None,
-                 against: str = "fla", modes: Sequence[str] = MODES, reps: int = DEFAULT_REPS,
+                 against: str | Sequence[str] = FLA, modes: Sequence[str] = MODES, reps: int = DEFAULT_REPS,
                  warmup: int = DEFAULT_WARMUP, out_dir: str | os.PathLike | None = None,
                  plot: bool = True, command_line: Sequence[str] | None = None,
                  created_at: str | None = None, policy_mode: str | None = None,
@@ -111,7 +111,8 @@ class Bench:
                  backends: Sequence[str] = DEFAULT_BACKENDS, breakdown: int = 0,
                  shard: tuple[int, int] | None = None,
                  gates: Sequence[str] = DEFAULT_GATES) -> None:
-        self.modes = options.check_counts(against, modes, reps, warmup, breakdown)
+        self.peers = options.peers(against)
+        self.modes = options.check_counts(modes, reps, warmup, breakdown)
         self.gates = parse_gates(gates)
         check_head_dim(self.gates, shapes.head_dim)
         self.shard = shard
@@ -133,19 +134,29 @@ class Bench:
             reason = backend.backend_unavailable(name, shapes)
             if reason:
                 raise BenchError(f"--backends {name}: {reason}")
-        self.shapes, self.backend, self.against = shapes, backend, against
+        self.shapes, self.backend = shapes, backend
         self.reps, self.warmup, self.plot = reps, warmup, plot
         self.breakdown = breakdown
-        self.fla_skipped = backend.fla_unavailable() if against == "fla" else None
-        self.kernels = [KDABENCH, KDABENCH_C1]
+        self.peers_skipped = {peer: reason for peer in self.peers
+                              if (reason := backend.peer_unavailable(peer))}
+        self.kernels = [peer for peer in self.peers if peer not in self.peers_skipped]
+        self.kernels += [KDABENCH, KDABENCH_C1]
         if self.baseline_policy is not None:
             self.kernels.append(KDABENCH_BASELINE)
         self.backend_kernels = {name: backend_kernel(name) for name in self.backends[1:]}
         self.kernels += self.backend_kernels.values()
-        if against == "fla" and self.fla_skipped is None:
-            self.kernels.insert(0, FLA)
         self.out_dir = receipt_dir(out_dir)
         self.command_line, self.created_at = command_line, created_at
+
+    @property
+    def against(self) -> str:
+        """The peers as --against names them: "fla,cudnn", or "none"."""
+        return ",".join(self.peers) or options.NO_PEER
+
+    @property
+    def fla_skipped(self) -> str | None:
+        """Why fla, asked for, was not timed (None: timed, or not asked for)."""
+        return self.peers_skipped.get(FLA)
 
     @property
     def primary_mode(self) -> str:
@@ -184,7 +195,7 @@ class Bench:
                 "autotuning included (imports and plots not)",
                 "triton_autotune_cache": os.environ.get("TRITON_CACHE_AUTOTUNING") == "1"}
         result = BenchResult(path, builder.document("complete"), records, summary,
-                             fla_skipped=self.fla_skipped)
+                             fla_skipped=self.fla_skipped, peers_skipped=self.peers_skipped)
         if self.plot:
             from kdabench.bench.plots import plot_receipt
 

@@ -1,5 +1,5 @@
-"""The bench's sanity check: kdabench's output against fla's on input set 0, and every other
-kdabench column's against kdabench's, as relative Frobenius errors; above
+"""The bench's sanity check: kdabench's output against each peer's (fla's, cuDNN's) on input
+set 0, and every other kdabench column's against kdabench's, as relative Frobenius errors; above
 :data:`SANITY_TOLERANCE` a case fails (the contenders compute the same function, so a miss
 means a misuse of one API, a wrong config or a wrong backend, which must not look fast)."""
 
@@ -9,10 +9,18 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from kdabench.bench.backend import FLA, KDABENCH, KDABENCH_BASELINE, KDABENCH_C1, Outputs
+from kdabench.bench.backend import (
+    CUDNN,
+    FLA,
+    KDABENCH,
+    KDABENCH_BASELINE,
+    KDABENCH_C1,
+    Outputs,
+)
 
 SANITY_TOLERANCE = 5e-2
 SANITY_CHECKED = {"output": "kdabench output differs from fla's",  # sanity key: what a miss is
+                  "cudnn_output": "kdabench output differs from cudnn's",
                   "baseline_output": f"{KDABENCH_BASELINE} output differs from kdabench's"}
 
 
@@ -28,10 +36,11 @@ def relative_error(found: Any, reference: Any) -> float:
 
 
 def sanity(outputs: Outputs, backend_kernels: Sequence[str]) -> dict[str, Any]:
-    """Relative errors: kdabench against fla, capacity 1, the baseline and each further
+    """Relative errors: kdabench against fla and cudnn, capacity 1, the baseline and each further
     backend's kernel (``backend_kernels``) against kdabench (None where a kernel did not run)."""
     found: dict[str, Any] = {"tolerance": SANITY_TOLERANCE, "output": None,
-                             "final_state": None, "c1_vs_c4_output": None,
+                             "final_state": None, "cudnn_output": None,
+                             "cudnn_final_state": None, "c1_vs_c4_output": None,
                              "baseline_output": None, "backend_output": {},
                              "backend_final_state": {}}
     ours = outputs.output.get(KDABENCH)
@@ -39,6 +48,10 @@ def sanity(outputs: Outputs, backend_kernels: Sequence[str]) -> dict[str, Any]:
         found["output"] = relative_error(ours, outputs.output[FLA])
         found["final_state"] = relative_error(outputs.final_state[KDABENCH],
                                               outputs.final_state[FLA])
+    if ours is not None and CUDNN in outputs.output:
+        found["cudnn_output"] = relative_error(ours, outputs.output[CUDNN])
+        found["cudnn_final_state"] = relative_error(outputs.final_state[KDABENCH],
+                                                    outputs.final_state[CUDNN])
     if ours is not None and KDABENCH_C1 in outputs.output:
         found["c1_vs_c4_output"] = relative_error(outputs.output[KDABENCH_C1], ours)
     if ours is not None and KDABENCH_BASELINE in outputs.output:

@@ -1,6 +1,7 @@
 """The bench's numbers from its medians: per-shape metrics and the summary over the shapes.
 
-Per shape and mode: tokens/s, distance to the floor, fla/kdabench, the export overhead and,
+Per shape and mode: tokens/s, distance to the floor, fla/kdabench (and cudnn/kdabench where
+cuDNN's kernel ran), the export overhead and,
 when a baseline policy ran, the policy gain (kdabench-baseline median / kdabench median:
 above 1, the configs of --policy-mode are faster than those of --baseline-policy) and, per
 further kernel backend's column (``kdabench-<backend>``), fla / it and kdabench (the first
@@ -15,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kdabench.bench.backend import FLA, KDABENCH, KDABENCH_BASELINE, KDABENCH_C1
+from kdabench.bench.backend import CUDNN, FLA, KDABENCH, KDABENCH_BASELINE, KDABENCH_C1
 from kdabench.stats import median
 
 
@@ -27,9 +28,10 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 def shape_metrics(modes: Mapping[str, Mapping[str, Mapping[str, Any]]], tokens: int,
                   floor_ms: float | None) -> dict[str, Any]:
-    """Per mode: each kernel's tokens/s and distance to the floor, fla/kdabench and the
-    export overhead, from ``modes`` = {mode: {kernel: {"median_ms": ...}}} (filled in)."""
-    ratios, overheads = {}, {}
+    """Per mode: each kernel's tokens/s and distance to the floor, fla/kdabench (cudnn/
+    kdabench where cudnn ran) and the export overhead, from ``modes`` = {mode: {kernel:
+    {"median_ms": ...}}} (filled in)."""
+    ratios, cudnn_ratios, overheads = {}, {}, {}
     for mode, kernels in modes.items():
         for entry in kernels.values():
             median = entry.get("median_ms")
@@ -37,9 +39,13 @@ def shape_metrics(modes: Mapping[str, Mapping[str, Mapping[str, Any]]], tokens: 
             entry["to_floor"] = _ratio(median, floor_ms)
         ours = kernels.get(KDABENCH, {}).get("median_ms")
         ratios[mode] = _ratio(kernels.get(FLA, {}).get("median_ms"), ours)
+        cudnn_ratios[mode] = _ratio(kernels.get(CUDNN, {}).get("median_ms"), ours)
         single = _ratio(ours, kernels.get(KDABENCH_C1, {}).get("median_ms"))
         overheads[mode] = None if single is None else single - 1.0
-    return {"ratio_fla_over_kdabench": ratios, "export_overhead": overheads}
+    metrics = {"ratio_fla_over_kdabench": ratios, "export_overhead": overheads}
+    if any(CUDNN in kernels for kernels in modes.values()):
+        metrics["ratio_cudnn_over_kdabench"] = cudnn_ratios
+    return metrics
 
 
 def policy_metrics(modes: Mapping[str, Mapping[str, Mapping[str, Any]]],
@@ -72,7 +78,8 @@ def backend_metrics(modes: Mapping[str, Mapping[str, Mapping[str, Any]]],
 
 def summarize(cases: Sequence[Mapping[str, Any]], modes: Sequence[str], *,
               baseline: bool = False, backend_kernels: Sequence[str] = ()) -> dict[str, Any]:
-    """Medians over the cases, per mode: fla/kdabench, export overhead, kdabench / floor;
+    """Medians over the cases, per mode: fla/kdabench (and cudnn/kdabench where it ran),
+    export overhead, kdabench / floor;
     with ``baseline``, also the policy gain and how many shapes shared a config; per kernel of
     ``backend_kernels``, its ratios and distance to the floor (``backends``)."""
     summary: dict[str, Any] = {"cases": len(cases),
@@ -90,6 +97,11 @@ def summarize(cases: Sequence[Mapping[str, Any]], modes: Sequence[str], *,
             "median_kdabench_to_floor": median(list(to_floor.values())),
             "ratio_by_shape": ratio, "export_overhead_by_shape": overhead,
         }
+        cudnn = _by_case(cases, ("ratio_cudnn_over_kdabench", mode))
+        if cudnn:
+            row.update(median_ratio_cudnn_over_kdabench=median(list(cudnn.values())),
+                       min_ratio_cudnn_over_kdabench=min(cudnn.values()),
+                       cudnn_ratio_by_shape=cudnn)
         if baseline:
             gain = _by_case(cases, ("policy_gain", mode))
             row.update(median_policy_gain=median(list(gain.values())),

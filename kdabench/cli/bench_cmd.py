@@ -51,9 +51,12 @@ QUICK = {"shapes": "quick", "modes": "graph", "reps": 20}  # what --quick sets, 
               "\"kdabench.gate-stats.v1\", mean and std (head_dim numbers each, mean <= 0), "
               "optional name (default: the file's stem); g drawn from N(mean, std) per "
               "channel, clipped to [lower_bound, 0]. fla and kdabench read the same g.")
-@click.option("--against", type=click.Choice(["fla", "none"]), default="fla", show_default=True,
-              help="Compare against fla's chunk_kda (skipped with a message when fla is not "
-              "installed), or time kdabench alone.")
+@click.option("--against", metavar="fla,cudnn|none", default="fla", show_default=True,
+              help="Peer kernels to time beside kdabench on the same inputs, comma-separated: "
+              "fla (fla's chunk_kda; 'kdabench[bench]') and cudnn (cuDNN frontend's fused sm90 "
+              "KDA kernel, CUDA-graph captured like the others; 'kdabench[cudnn]', an sm_90 "
+              "GPU). A peer that cannot run here is skipped with its reason; none times "
+              "kdabench alone.")
 @click.option("--modes", "modes_text", metavar="eager,graph", default=None,
               help="Timing modes: eager calls, CUDA-graph replays, or both. Default: "
               "eager,graph (graph with --quick).")
@@ -136,8 +139,8 @@ def bench(shapes_spec: str | None, quick: bool, gates_text: str, against: str,
                     baseline_policy=baseline_policy, backends=_names(backends_text),
                     breakdown=breakdown, gates=_names(gates_text),
                     shard=parse_shard(shard) if shard is not None else None)
-    if run.fla_skipped:
-        print_error(f"fla comparison skipped: {run.fla_skipped}", style="bold yellow")
+    for peer, reason in run.peers_skipped.items():
+        print_error(f"{peer} comparison skipped: {reason}", style="bold yellow")
     result = _run_with_progress(console, run)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
@@ -220,6 +223,14 @@ def _backend_cells(case: dict[str, Any], mode: str, kernel: str, first_row: bool
             _error(error) if first_row else ""]
 
 
+def _cudnn_cells(case: dict[str, Any], mode: str, first_row: bool) -> list[str]:
+    """cuDNN's cells: its median, cudnn/kdabench, kdabench's output against it."""
+    median = (((case.get("modes") or {}).get(mode) or {}).get("cudnn") or {}).get("median_ms")
+    error = (case.get("sanity") or {}).get("cudnn_output")
+    return [_ms(median), _times((case.get("ratio_cudnn_over_kdabench") or {}).get(mode)),
+            _error(error) if first_row else ""]
+
+
 def _render(console: Console, result) -> None:
     config = result.receipt["config"]
     ceilings = config["ceilings"]
@@ -230,8 +241,10 @@ def _render(console: Console, result) -> None:
     baseline = config.get("baseline_policy")
     first, *others = config["backends"]
     further = {name: config["backend_kernels"][name] for name in others}
+    cudnn = "cudnn" in config.get("kernels", [])
     columns = ["fla ms", "kdabench ms", "c1 ms", "fla/kdabench", "export ovh", "floor ms",
                "to floor", "Mtok/s", "out err"] + (["policy gain"] if baseline else [])
+    columns += ["cudnn ms", "cudnn/kdabench", "cudnn err"] if cudnn else []
     for name in further:
         columns += [f"{name} ms", f"fla/{name}", f"{first}/{name}", f"{name} err"]
     for column in columns:
@@ -240,6 +253,9 @@ def _render(console: Console, result) -> None:
                      f"= kdabench/c1 - 1; floor at {ceilings['copy_bytes_per_s'] / 1e12:.2f} "
                      f"TB/s and {ceilings['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s measured "
                      "here; out err: kdabench against fla")
+    if cudnn:
+        table.caption += ("; cudnn: cuDNN frontend's fused sm90 KDA kernel (final state only), "
+                          "cudnn err: kdabench against it")
     if baseline:
         table.caption += (f"; policy gain: kdabench-baseline ({baseline}) / kdabench "
                           f"({config.get('policy_mode')}), * where both used the same config "
@@ -267,6 +283,7 @@ def _render(console: Console, result) -> None:
                 "-" if rate is None else f"{rate / 1e6:.1f}",
                 _error(error) if index == 0 else "",
                 *([_gain(case, mode)] if baseline else []),
+                *(_cudnn_cells(case, mode, index == 0) if cudnn else []),
                 *(cell for kernel in further.values()
                   for cell in _backend_cells(case, mode, kernel, index == 0)),
                 style="red" if case["verdict"] != "pass" else None,
@@ -313,8 +330,12 @@ def _render(console: Console, result) -> None:
 
 def _summary_words(row: dict[str, Any]) -> str:
     """One mode's medians over some cases, in words."""
+    cudnn = ""
+    if row.get("median_ratio_cudnn_over_kdabench") is not None:
+        cudnn = (f" · median cudnn/kdabench {_times(row['median_ratio_cudnn_over_kdabench'])} "
+                 f"(min {_times(row['min_ratio_cudnn_over_kdabench'])})")
     return (f"median fla/kdabench {_times(row['median_ratio_fla_over_kdabench'])} (min "
-            f"{_times(row['min_ratio_fla_over_kdabench'])}) · median export overhead "
+            f"{_times(row['min_ratio_fla_over_kdabench'])}){cudnn} · median export overhead "
             f"{_percent(row['median_export_overhead'])} · median kdabench/floor "
             f"{_times(row['median_kdabench_to_floor'])}")
 
