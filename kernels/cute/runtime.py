@@ -87,6 +87,22 @@ def _tvm_ffi():
     return tvm_ffi
 
 
+def shown_folder(directory: str | Path) -> str:
+    """The build folder as a plan's origin (and so a receipt) names it, never a machine's
+    absolute path: as configured when relative; else relative to the current directory or the
+    home folder (``~/...``), whichever of the two holds it more closely; else by its last
+    component."""
+    path = Path(directory)
+    if not path.is_absolute():
+        return str(path)
+    holders = [(base, prefix) for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/"))
+               if path.is_relative_to(base) and path != base]
+    if not holders:
+        return path.name
+    base, prefix = max(holders, key=lambda holder: len(holder[0].parts))
+    return prefix + str(path.relative_to(base))
+
+
 def _load_aot(arch: str, directory: str | Path) -> tuple[KernelLibrary | None, list[str]]:
     folder = Path(directory).expanduser() / arch
     manifest_path = folder / MANIFEST_NAME
@@ -108,7 +124,7 @@ def _load_aot(arch: str, directory: str | Path) -> tuple[KernelLibrary | None, l
         module = tvm_ffi.load_module(str((folder / LIBRARY_NAME).resolve()))
     except (OSError, RuntimeError) as exc:
         return None, [f"loading {folder / LIBRARY_NAME} failed: {exc}"]
-    origin = (f"aot {Path(directory) / arch} (nvidia-cutlass-dsl {manifest.get('dsl_version')}, "
+    origin = (f"aot {shown_folder(directory)}/{arch} (nvidia-cutlass-dsl {manifest.get('dsl_version')}, "
               f"built {manifest.get('built_at')})")
     return KernelLibrary(arch, origin, module, set(manifest.get("functions", {}))), []
 

@@ -24,7 +24,8 @@ def test_a_matching_build_is_loaded_with_every_function(cute_build):
     out, _ = cute_build
     library, reasons = runtime._load_aot("sm_121a", out)
     assert reasons == [] and library is not None
-    assert library.origin.startswith(f"aot {out / 'sm_121a'} (nvidia-cutlass-dsl ")
+    assert library.origin.startswith(f"aot {runtime.shown_folder(out)}/sm_121a "
+                                     "(nvidia-cutlass-dsl ")
     assert library.functions == {variant.name for variant in aot_variants()}
     assert not library.jit
     assert type(library.function(aot_variants()[0])).__name__ == "Function"
@@ -38,6 +39,17 @@ def test_the_origin_names_the_folder_as_configured(cute_build, monkeypatch):
     assert reasons == [] and library.origin.startswith(f"aot {out.name}/sm_121a (")
     monkeypatch.delenv(runtime.ARTIFACTS_ENV, raising=False)
     assert runtime.configured_artifact_dir() == "~/.cache/kdabench/cute-kernels"
+
+
+def test_an_absolute_folder_is_named_without_the_machine_s_path(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert runtime.shown_folder(tmp_path / ".cute-kernels") == ".cute-kernels"
+    assert runtime.shown_folder("build/kernels") == "build/kernels"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert runtime.shown_folder(tmp_path / "home" / ".cache" / "k") == "~/.cache/k"
+    elsewhere = tmp_path.parent / "other-folder" / "kernels"
+    assert runtime.shown_folder(elsewhere) == "kernels"
+    assert runtime.shown_folder(tmp_path) == tmp_path.name  # the current directory itself
 
 
 def test_a_tampered_build_is_not_loaded(cute_build, tmp_path):
