@@ -794,37 +794,47 @@ def test_fla_call_passes_the_documented_arguments():
         seen.update(q=q, g=g, beta=beta, inference=torch.is_inference_mode_enabled(), **kwargs)
         return v[..., :].clone(), kwargs["initial_state"]
 
-    bench_cuda.fla_call(chunk_kda, x)()
+    (fla_set,) = bench_cuda.fla_sets([x])
+    bench_cuda.fla_call(chunk_kda, fla_set)()
     assert seen["q"].shape == (1, 48, 2, 64) and seen["beta"].shape == (1, 48, 2)
     assert seen["inference"] and seen["safe_gate"] and seen["lower_bound"] == -5.0
     assert seen["output_final_state"] and seen["cu_seqlens"].dtype == torch.int64
     assert torch.equal(seen["initial_state"], x.initial_state.transpose(-1, -2))
     assert "use_graph" not in seen
-    bench_cuda.fla_call(chunk_kda, x, graph_mode=True)()
+    bench_cuda.fla_call(chunk_kda, fla_set, graph_mode=True)()
     assert seen["use_graph"] and seen["max_num_seqs"] == 2
 
 
-def test_every_fla_call_of_a_shape_passes_one_cu_seqlens_object():
-    # fla caches what it derives from cu_seqlens by object identity, four entries deep; a graph
-    # captured on a hit reads freed memory once the entry is evicted (fla_call's docstring)
+def test_every_fla_call_passes_tensors_its_set_holds():
+    # A captured graph reads its inputs by address: a tensor made inside a call's closure is
+    # freed once the capture is done, and the replays then read whatever took its memory (seen
+    # on an H100: fla's replays of input sets 1 and 2 off by 0.05 to 0.94). fla also caches what
+    # it derives from cu_seqlens by object identity, so the sets share one cu_seqlens object.
     from kdabench.inputs import make_inputs
 
     sets = bench_cuda.rotated_sets(make_inputs([16, 32], 2, 64, seed=1), 3)
-    cu = bench_cuda.fla_cu_seqlens(sets)
-    assert cu.dtype == torch.int64 and cu.tolist() == [0, 16, 48]
+    fla_inputs = bench_cuda.fla_sets(sets)
+    assert fla_inputs[0].cu_seqlens.dtype == torch.int64
+    assert fla_inputs[0].cu_seqlens.tolist() == [0, 16, 48]
     passed = []
 
     def chunk_kda(q, k, v, g, beta, **kwargs):
-        passed.append(kwargs["cu_seqlens"])
+        passed.append((q, k, v, g, beta, kwargs["initial_state"], kwargs["cu_seqlens"]))
         return v.clone(), kwargs["initial_state"]
 
-    for x in sets:
-        bench_cuda.fla_call(chunk_kda, x, cu_seqlens=cu)()
-        bench_cuda.fla_call(chunk_kda, x, graph_mode=True, cu_seqlens=cu)()
-    assert len(passed) == 6 and all(t is cu for t in passed)
+    for fla_set in fla_inputs:
+        bench_cuda.fla_call(chunk_kda, fla_set)()
+        bench_cuda.fla_call(chunk_kda, fla_set, graph_mode=True)()
+    assert len(passed) == 6
+    for index, arguments in enumerate(passed):
+        fla_set = fla_inputs[index // 2]
+        held = (fla_set.q, fla_set.k, fla_set.v, fla_set.g, fla_set.beta,
+                fla_set.initial_state, fla_inputs[0].cu_seqlens)
+        assert all(a is b for a, b in zip(arguments, held, strict=True))
+    assert torch.equal(fla_inputs[1].initial_state, sets[1].initial_state.transpose(-1, -2))
     other = make_inputs([24, 24], 2, 64, seed=1)
     with pytest.raises(ValueError, match="share their cu_seqlens"):
-        bench_cuda.fla_cu_seqlens([sets[0], other])
+        bench_cuda.fla_sets([sets[0], other])
 
 
 def test_fake_timer_median_is_nominal():

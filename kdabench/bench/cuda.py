@@ -175,27 +175,49 @@ def kdabench_runs(kernels: Any, sets: Sequence[KdaInputs], shape: BenchShape, ca
 AUTOTUNE_CACHE_VARIABLE = "TRITON_CACHE_AUTOTUNING"
 
 
-def fla_call(chunk_kda: Callable, x: KdaInputs, *, graph_mode: bool = False,
-             cu_seqlens: torch.Tensor | None = None
-             ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    """A closure calling fla's chunk_kda on ``x`` (initial state transposed to [N, H, K, V]).
+@dataclasses.dataclass(frozen=True)
+class FlaSet:
+    """fla's arguments for one input set (:func:`fla_sets`): q, k, v, g, beta with a batch
+    dimension, the initial state as [N, H, K, V], the shape's int64 cu_seqlens.
 
-    ``cu_seqlens``: the int64 tensor to pass (default: ``x``'s, converted). fla caches what it
-    derives from cu_seqlens by the tensor's identity, four entries deep (``tensor_cache``); a
-    graph captured on a cache hit refers to memory that the cache frees when the entry is
-    evicted, and a later replay reads whatever took its place. Every fla call of a shape must
-    therefore pass one cu_seqlens object (:func:`fla_cu_seqlens`)."""
-    initial = x.initial_state.transpose(-1, -2).contiguous()
-    if cu_seqlens is None:
-        cu_seqlens = x.cu_seqlens.to(torch.int64)
-    q, k, v, g, beta = (t.unsqueeze(0) for t in (x.q, x.k, x.v, x.g, x.beta))
-    extra = {"use_graph": True, "max_num_seqs": cu_seqlens.numel() - 1} if graph_mode else {}
+    Made once per set and held for as long as the set's calls and graphs live: a captured
+    graph reads its inputs by address, so a tensor made for one call and freed after the
+    capture (as a transposed initial state made inside a closure would be) leaves the replays
+    reading whatever memory took its place. fla also caches what it derives from cu_seqlens by
+    the tensor's identity, four entries deep (``fla.utils.tensor_cache``), so every set of a
+    shape passes one cu_seqlens object."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    initial_state: torch.Tensor
+    cu_seqlens: torch.Tensor
+    lower_bound: float
+
+
+def fla_sets(sets: Sequence[KdaInputs]) -> list[FlaSet]:
+    """fla's arguments for each input set; the sets share their lengths (ValueError if not)."""
+    first = sets[0].cu_seqlens
+    if any(not torch.equal(x.cu_seqlens, first) for x in sets[1:]):
+        raise ValueError("the input sets of one shape must share their cu_seqlens")
+    cu_seqlens = first.to(torch.int64)
+    return [FlaSet(*(t.unsqueeze(0) for t in (x.q, x.k, x.v, x.g, x.beta)),
+                   initial_state=x.initial_state.transpose(-1, -2).contiguous(),
+                   cu_seqlens=cu_seqlens, lower_bound=x.lower_bound) for x in sets]
+
+
+def fla_call(chunk_kda: Callable, s: FlaSet, *, graph_mode: bool = False
+             ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """A closure calling fla's chunk_kda on ``s`` (eagerly, or with fla's ``use_graph``)."""
+    extra = {"use_graph": True, "max_num_seqs": s.cu_seqlens.numel() - 1} if graph_mode else {}
 
     def call():
         with torch.inference_mode():
-            return chunk_kda(q, k, v, g, beta, initial_state=initial, output_final_state=True,
-                             cu_seqlens=cu_seqlens, safe_gate=True, lower_bound=x.lower_bound,
-                             **extra)
+            return chunk_kda(s.q, s.k, s.v, s.g, s.beta, initial_state=s.initial_state,
+                             output_final_state=True, cu_seqlens=s.cu_seqlens, safe_gate=True,
+                             lower_bound=s.lower_bound, **extra)
     return call
 
 
@@ -321,14 +343,15 @@ class CudaBackend:
                 calls[name].graph_note = replays["problem"] or \
                     "plan/bind once per input set; run(binding) captured; every replay checked"
         fla_calls: list[Callable] = []
+        fla_inputs: list[FlaSet] = []
         if FLA in kernels:
             chunk_kda = self._peers[FLA][0]
-            fla_cu = fla_cu_seqlens(sets)
-            fla_calls = [fla_call(chunk_kda, x, cu_seqlens=fla_cu) for x in sets]
+            fla_inputs = fla_sets(sets)  # held until release: graphs read them
+            fla_calls = [fla_call(chunk_kda, s) for s in fla_inputs]
             calls[FLA] = KernelCalls(eager=fla_calls)
             if "graph" in modes:
                 calls[FLA].graph, calls[FLA].graph_note, calls[FLA].replay_check = \
-                    _capture_fla(chunk_kda, sets, fla_cu)
+                    _capture_fla(chunk_kda, fla_inputs)
 
         cudnn_calls: list[Callable] = []
         if CUDNN in kernels:
@@ -371,6 +394,7 @@ class CudaBackend:
             calls.clear()
             kda_runs.clear()
             fla_calls.clear()
+            fla_inputs.clear()
             cudnn_calls.clear()
             plans.clear()
             sets.clear()
@@ -383,16 +407,7 @@ class CudaBackend:
                         gate_stats=gate_stats)
 
 
-def fla_cu_seqlens(sets: Sequence[KdaInputs]) -> torch.Tensor:
-    """The one int64 cu_seqlens every fla call of these input sets passes (see
-    :func:`fla_call`); the sets share their lengths (ValueError if not)."""
-    first = sets[0].cu_seqlens
-    if any(not torch.equal(x.cu_seqlens, first) for x in sets[1:]):
-        raise ValueError("the input sets of one shape must share their cu_seqlens")
-    return first.to(torch.int64)
-
-
-def _capture_fla(chunk_kda: Callable, sets: Sequence[KdaInputs], cu_seqlens: torch.Tensor
+def _capture_fla(chunk_kda: Callable, sets: Sequence[FlaSet]
                  ) -> tuple[list[Callable] | None, str, dict[str, Any] | None]:
     """Graph replays of fla, one per set, the note and the replay check: fla's graph mode
     first, then a plain capture. The check is None when no capture could be made at all; it
@@ -401,16 +416,15 @@ def _capture_fla(chunk_kda: Callable, sets: Sequence[KdaInputs], cu_seqlens: tor
     rejected = None
     for graph_mode, label in ((True, "use_graph=True"), (False, "plain call")):
         try:
-            captured = [capture_graph(fla_call(chunk_kda, x, graph_mode=graph_mode,
-                                               cu_seqlens=cu_seqlens)) for x in sets]
+            captured = [capture_graph(fla_call(chunk_kda, s, graph_mode=graph_mode))
+                        for s in sets]
         except Exception as error:  # noqa: BLE001 - a failed capture is recorded, not fatal
             failures.append(f"{label}: {type(error).__name__}: {str(error)[:200]}")
             with contextlib.suppress(Exception):  # a broken capture may leave an error behind
                 torch.cuda.synchronize()
             continue
         replays = check_replays([(graph, _output_and_state(out)) for graph, out in captured],
-                                [_outputs(fla_call(chunk_kda, x, cu_seqlens=cu_seqlens))
-                                 for x in sets])
+                                [_outputs(fla_call(chunk_kda, s)) for s in sets])
         if replays["problem"]:
             failures.append(f"{label}: {replays['problem']}")
             rejected = replays

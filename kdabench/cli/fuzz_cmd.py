@@ -119,8 +119,10 @@ def fuzz(backend: str | None, backends: str | None, count: int | None, seconds: 
                        f"{record['faulty_sets']} faulty), {record['sets_per_second']} sets/s, "
                        f"{record['failed_sets']} failed")
             for finding in record["findings"]:
-                click.echo(f"  finding {finding['file']}: {finding['check']}: "
-                           f"{finding['message']}")
+                click.echo(f"  finding {finding.get('file') or '(no case file)'}: "
+                           f"{finding['check']}: {finding['message']}")
+                if finding.get("log_tail"):  # a worker that died: the end of its log
+                    click.echo("    " + finding["log_tail"].replace("\n", "\n    "))
         click.echo(f"receipt: {path}")
     if all(run.skipped for run in runs):
         raise UserError("no backend can run here: " + "; ".join(

@@ -1,7 +1,10 @@
 """A backend's fuzzing split over worker processes that share the GPU: each worker fuzzes
 from its own seed (worker i: seed + i * SEED_STRIDE, so worker 0 draws what a one-process run
 draws), compiles while the others do, and checks its sets on its own CPU core; their results
-are merged into one BackendRun (kdabench.fuzz.run.merge_runs).
+are merged into one BackendRun (kdabench.fuzz.run.merge_runs). Only worker 0 draws sets past
+the 2^31-element line (:func:`worker_limits`): a rig for them holds a pool of over 2^31
+elements and its copy per capacity (about 50 GiB for the GPU limits), which eight processes
+could not all hold on one GPU.
 
     run = run_backend_parallel(campaign, "triton", on_progress)
 
@@ -20,13 +23,23 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+from kdabench.fuzz.generate import Limits
 from kdabench.fuzz.run import BackendRun, Campaign, merge_runs
 
 WORKER_MODULE = "kdabench.fuzz.worker"
 SEED_STRIDE = 1_000_000
 LOG_TAIL_LINES = 20
+
+
+HIGH_SLOT_WORKER = 0
+
+
+def worker_limits(limits: Limits, index: int) -> Limits:
+    """Worker ``index``'s limits: the campaign's, with no high-slot sets but in worker 0."""
+    return limits if index == HIGH_SLOT_WORKER else replace(limits, high_share=0.0)
 
 
 def worker_seeds(seed: int, workers: int) -> list[int]:

@@ -118,6 +118,17 @@ def warm_up_runs(bases: tuple[int, ...], part: tuple[int, int] = (0, 1)
     return list(itertools.islice(runs, index, None, parts))
 
 
+def warm_up_plan(limits: Limits, high_base: int, part: tuple[int, int] = (0, 1)
+                 ) -> list[tuple[int, int, int, int, int, str]]:
+    """What one process warms up: its part of the runs on low slots and, when it draws sets
+    past the 2^31-element line (``limits.high_share``), every run on high slots (only such a
+    process builds the high rigs, whose pools hold over 2^31 elements each)."""
+    runs = warm_up_runs((0,), part)
+    if limits.high_share:
+        runs += warm_up_runs((high_base,))
+    return runs
+
+
 @dataclass
 class Campaign:
     """One run's options. target: what runs a binding (kdabench.kernels.run by default)."""
@@ -141,6 +152,8 @@ class Campaign:
         return {"seed": self.seed, "count": self.count, "seconds": self.seconds,
                 "backends": self.backends, "limits": self.limits.to_dict(),
                 "slot_line": self.slot_line, "warm": self.warm, "workers": self.workers,
+                "high_slot_sets": "drawn by one process only (worker 0 of several): each "
+                "capacity's high rig holds a pool past the 2^31-element line and its copy",
                 "tolerances": dict(DEFAULT_TOLERANCES),
                 "fault_classes": {n: {"bit": c.bit.name, "what": c.what}
                                   for n, c in FAULT_CLASSES.items()},
@@ -207,8 +220,7 @@ class Campaign:
         """Compile every integer specialisation of the bound sizes before the clock starts
         (this process's part of them: workers split the compiles, and each loads the others'
         from Triton's on-disk cache)."""
-        bases = (0, base) if self.limits.high_share else (0,)
-        for capacity, slot_base, tokens, slots, rows, dtype in warm_up_runs(bases,
+        for capacity, slot_base, tokens, slots, rows, dtype in warm_up_plan(self.limits, base,
                                                                             self.warm_part):
             rig = rigs.get(backend, Shape(self.limits, capacity, self.seed, slot_base))
             fset = FuzzSet(capacity, [0, 1] + [1] * (rows - 1), 1, [-1] * rows,

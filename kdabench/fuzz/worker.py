@@ -45,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.count is None and args.seconds is None:
         print("error: give --count or --seconds", file=sys.stderr)
         return 2
+    from kdabench.fuzz.parallel import worker_limits
     from kdabench.fuzz.run import CPU_LIMITS, GPU_LIMITS, Campaign
     from kdabench.qualify import QualifyError, prepare_tier
 
@@ -61,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdin.readline()  # the parent answers once every worker is warm
 
     campaign = Campaign([args.backend], args.seed, args.count, args.seconds, device,
-                        GPU_LIMITS if gpu else CPU_LIMITS, findings_dir=Path(args.findings),
+                        worker_limits(GPU_LIMITS if gpu else CPU_LIMITS, index),
+                        findings_dir=Path(args.findings),
                         warm=gpu, finding_tag=args.tag, warm_part=(index, parts),
                         on_warm=warm)
 

@@ -4,6 +4,7 @@ that `kdabench report` reads; --replay of the corpus exits 0."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,17 @@ def test_replay_of_the_corpus_exits_0():
     result = CliRunner().invoke(cli, ["fuzz", "--replay", str(CASES / "valid.json")])
     assert result.exit_code == 0, result.output
     assert "passes" in result.output
+
+
+@pytest.mark.interpreter
+def test_a_worker_that_dies_is_shown_with_its_log_tail(tmp_path, monkeypatch):
+    from kdabench.fuzz import parallel
+
+    monkeypatch.setattr(parallel, "_command", lambda *args: [
+        sys.executable, "-c", "import sys; print('out of memory', file=sys.stderr); sys.exit(3)"])
+    result = CliRunner().invoke(cli, ["fuzz", "--count", "4", "--workers", "2",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert "finding (no case file): worker: worker 0 exited with status 3" in result.output
+    assert "    out of memory" in result.output
+    assert "Traceback" not in result.output and "internal error" not in result.output

@@ -3,6 +3,7 @@ finding, and a real two-worker campaign under the interpreter."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections import Counter
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from kdabench.fuzz import CPU_LIMITS, Campaign, parallel
-from kdabench.fuzz.run import BackendRun, merge_runs, warm_up_runs
+from kdabench.fuzz.run import GPU_LIMITS, BackendRun, merge_runs, warm_up_plan, warm_up_runs
 
 
 def test_counts_split_evenly_and_add_up():
@@ -32,6 +33,23 @@ def test_the_workers_warm_up_parts_cover_every_specialisation_once():
     parts = [warm_up_runs((0, 2**31), (i, 8)) for i in range(8)]
     assert sorted(run for part in parts for run in part) == sorted(whole)
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_only_worker_zero_draws_high_slot_sets():
+    assert parallel.worker_limits(GPU_LIMITS, 0) == GPU_LIMITS
+    other = parallel.worker_limits(GPU_LIMITS, 3)
+    assert other.high_share == 0.0 and GPU_LIMITS.high_share > 0
+    assert dataclasses.replace(other, high_share=GPU_LIMITS.high_share) == GPU_LIMITS
+
+
+def test_the_workers_warm_up_plans_cover_every_specialisation_once():
+    base, workers = 2**31, 8
+    whole = warm_up_runs((0, base))
+    plans = [warm_up_plan(parallel.worker_limits(GPU_LIMITS, i), base, (i, workers))
+             for i in range(workers)]
+    assert sorted(run for plan in plans for run in plan) == sorted(whole)
+    assert all(run[1] == 0 for plan in plans[1:] for run in plan)  # no high rig but worker 0's
+    assert sorted(warm_up_plan(GPU_LIMITS, base)) == sorted(whole)  # one process: all of it
 
 
 def test_merge_sums_counts_and_spans_the_wall_time():
