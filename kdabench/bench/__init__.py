@@ -1,13 +1,13 @@
 """`kdabench bench`: kdabench's prefill (on one or more kernel backends) against its peers
-(fla's chunk_kda, cuDNN's fused sm90 KDA kernel), per shape and mode, with the floor measured in the same run, written as a bench
-receipt and plots.
+(fla's chunk_kda, cuDNN's fused sm90 KDA kernel), per shape and mode, with the floor measured
+in the same run, written as a bench receipt and plots.
 
 Modules: `shapes` (the shapes file and the packaged sets), `gates` (the gate regimes: how
 the inputs' log decay is drawn), `options` (the checked options and the cases: shape x gate
 regime), `work` (bytes, FLOPs, floor), `timing` (the injectable timer, graph capture),
 `breakdown` (the injectable kernel profiler: GPU time per kernel), `backend` (what a device
-provides), `cuda` (the real one), `cudnn` (cuDNN's kernel as a peer), `replay` (every graph's replay checked against an eager
-call), `sanity` (outputs against each other), `measure` (one case), `summary` (per-case
+provides), `cuda` (the real one), `cudnn` (cuDNN's kernel as a peer), `replay` (every
+graph's replay checked against an eager call), `sanity` (outputs against each other), `measure` (one case), `summary` (per-case
 metrics and the summary over the cases), `receipt` (the config and the result), `run` (the
 runner), `merge` (joining the shard receipts of a sharded run), `plots` (PNGs beside the
 receipt).

@@ -36,6 +36,15 @@ MODES = ("eager", "graph")
 DEFAULT_BACKENDS = ("triton",)
 
 
+def import_failure(package: str, error: Exception, extra: str, purpose: str) -> str:
+    """Why a peer's ``package`` did not import, in one line: absent (and the optional extra
+    that installs it, for ``purpose``), or installed and broken."""
+    if isinstance(error, ModuleNotFoundError):
+        return (f"{package} is not installed ({error}); install the optional extra "
+                f"'{extra}' {purpose}")
+    return f"{package} does not import: {type(error).__name__}: {error}"
+
+
 def backend_kernel(backend: str) -> str:
     """The kernel name of a further backend's column: ``kdabench-<backend>``."""
     return f"{KDABENCH}-{backend}"

@@ -57,6 +57,7 @@ from kdabench.bench.backend import (
     Outputs,
     Prepared,
     backend_kernel,
+    import_failure,
 )
 from kdabench.bench.breakdown import cuda_kernel_profiler
 from kdabench.bench.gates import GateRegime, draw_inputs
@@ -230,11 +231,9 @@ def import_fla() -> tuple[Callable | None, str | None]:
     os.environ.setdefault(AUTOTUNE_CACHE_VARIABLE, "1")
     try:
         from fla.ops.kda import chunk_kda
-    except ModuleNotFoundError as error:
-        return None, (f"fla is not installed ({error}); install the optional extra "
-                      "'kdabench[bench]' (fla-core 0.6.0) to compare against fla's chunk_kda")
-    except Exception as error:  # noqa: BLE001 - a broken install is a reason, not a crash
-        return None, f"fla does not import: {type(error).__name__}: {error}"
+    except Exception as error:  # noqa: BLE001 - a missing or broken install is a reason
+        return None, import_failure("fla", error, "kdabench[bench]",
+                                    "(fla-core 0.6.0) to compare against fla's chunk_kda")
     return chunk_kda, None
 
 

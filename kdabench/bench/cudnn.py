@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from kdabench.bench.backend import import_failure
 from kdabench.inputs import KdaInputs
 
 HEAD_DIM = 128
@@ -46,11 +47,9 @@ def import_cudnn_kda() -> tuple[Any | None, str | None]:
                       f"sm_{capability[0]}{capability[1]}")
     try:
         from cudnn.linear_attention.hopper import cuda_host
-    except ModuleNotFoundError as error:
-        return None, (f"{PACKAGE} is not installed ({error}); install the optional extra "
-                      "'kdabench[cudnn]' to compare against cuDNN's KDA kernel")
-    except Exception as error:  # noqa: BLE001 - a broken install is a reason, not a crash
-        return None, f"{PACKAGE} does not import: {type(error).__name__}: {error}"
+    except Exception as error:  # noqa: BLE001 - a missing or broken install is a reason
+        return None, import_failure(PACKAGE, error, "kdabench[cudnn]",
+                                    "to compare against cuDNN's KDA kernel")
     try:
         _probe(cuda_host)
     except Exception as error:  # noqa: BLE001 - a kernel that cannot build is a reason

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kdabench.bench.backend import KDABENCH
+from kdabench.bench.backend import FLA, KDABENCH
 from kdabench.bench.sanity import SANITY_TOLERANCE
 from kdabench.bench.work import BYTES_FORMULA, FLOPS_FORMULA
 from kdabench.receipts import sanitize
@@ -80,9 +80,13 @@ class BenchResult:
     cases: list[dict[str, Any]]
     summary: dict[str, Any]
     plots: list[Path] = field(default_factory=list)
-    fla_skipped: str | None = None
     peers_skipped: dict[str, str] = field(default_factory=dict)
     plot_error: str | None = None
+
+    @property
+    def fla_skipped(self) -> str | None:
+        """Why fla, asked for, was not timed (None: timed, or not asked for)."""
+        return self.peers_skipped.get(FLA)
 
     @property
     def ok(self) -> bool:

@@ -103,7 +103,8 @@ class Bench:
     then :meth:`run` measures the ceilings, every case, and writes receipt and plots."""
 
     def __init__(self, shapes: ShapeSet, *, backend: Backend | None = None,
-                 against: str | Sequence[str] = FLA, modes: Sequence[str] = MODES, reps: int = DEFAULT_REPS,
+                 against: str | Sequence[str] = FLA, modes: Sequence[str] = MODES,
+                 reps: int = DEFAULT_REPS,
                  warmup: int = DEFAULT_WARMUP, out_dir: str | os.PathLike | None = None,
                  plot: bool = True, command_line: Sequence[str] | None = None,
                  created_at: str | None = None, policy_mode: str | None = None,
@@ -195,7 +196,7 @@ class Bench:
                 "autotuning included (imports and plots not)",
                 "triton_autotune_cache": os.environ.get("TRITON_CACHE_AUTOTUNING") == "1"}
         result = BenchResult(path, builder.document("complete"), records, summary,
-                             fla_skipped=self.fla_skipped, peers_skipped=self.peers_skipped)
+                             peers_skipped=self.peers_skipped)
         if self.plot:
             from kdabench.bench.plots import plot_receipt
 

@@ -1,7 +1,7 @@
 """The bench's sanity check: kdabench's output against each peer's (fla's, cuDNN's) on input
-set 0, and every other kdabench column's against kdabench's, as relative Frobenius errors; above
-:data:`SANITY_TOLERANCE` a case fails (the contenders compute the same function, so a miss
-means a misuse of one API, a wrong config or a wrong backend, which must not look fast)."""
+set 0, and every other kdabench column's against kdabench's, as relative Frobenius errors;
+above :data:`SANITY_TOLERANCE` a case fails (the contenders compute the same function, so a
+miss means a misuse of one API, a wrong config or a wrong backend, which must not look fast)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,9 @@ def relative_error(found: Any, reference: Any) -> float:
 
 
 def sanity(outputs: Outputs, backend_kernels: Sequence[str]) -> dict[str, Any]:
-    """Relative errors: kdabench against fla and cudnn, capacity 1, the baseline and each further
-    backend's kernel (``backend_kernels``) against kdabench (None where a kernel did not run)."""
+    """Relative errors: kdabench against fla and cudnn, capacity 1, the baseline and each
+    further backend's kernel (``backend_kernels``) against kdabench (None where a kernel did
+    not run)."""
     found: dict[str, Any] = {"tolerance": SANITY_TOLERANCE, "output": None,
                              "final_state": None, "cudnn_output": None,
                              "cudnn_final_state": None, "c1_vs_c4_output": None,

@@ -1,8 +1,7 @@
 """The bench's numbers from its medians: per-shape metrics and the summary over the shapes.
 
 Per shape and mode: tokens/s, distance to the floor, fla/kdabench (and cudnn/kdabench where
-cuDNN's kernel ran), the export overhead and,
-when a baseline policy ran, the policy gain (kdabench-baseline median / kdabench median:
+cuDNN's kernel ran), the export overhead and, when a baseline policy ran, the policy gain (kdabench-baseline median / kdabench median:
 above 1, the configs of --policy-mode are faster than those of --baseline-policy) and, per
 further kernel backend's column (``kdabench-<backend>``), fla / it and kdabench (the first
 backend) / it. The summary holds their medians (and extremes) over the cases, per mode (the
