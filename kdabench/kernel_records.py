@@ -17,14 +17,16 @@ def config_record(config: Any, source: str, mode: str) -> dict[str, Any]:
 
 def split_ranges(plan: Any) -> dict[str, int] | None:
     """{"eager": n, "graph": n}: the ranges of chunks a Triton split-pipeline plan runs in when
-    bound at its capacity, called eagerly and under CUDA-graph capture; None for other plans."""
-    if plan.caps.backend != "triton" or plan.config.pipeline != "split":
+    bound at its capacity, called eagerly and under CUDA-graph capture; None for other plans
+    (and for parallel segments, whose ranges run at once: the config's `segments`)."""
+    if plan.caps.backend != "triton" or plan.config.pipeline != "split" \
+            or plan.config.segments > 1:
         return None
-    from kdabench.kernels.triton.launch import chunk_slots, split_segment_count
+    from kdabench.kernels.triton.launch import chunk_slots, split_range_count
 
     caps = plan.caps
     slots = chunk_slots(caps.max_tokens, caps.max_seqs, plan.config.chunk_size)
-    return {mode: split_segment_count(slots, caps.max_seqs, mode == "graph")
+    return {mode: split_range_count(slots, caps.max_seqs, mode == "graph")
             for mode in ("eager", "graph")}
 
 

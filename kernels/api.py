@@ -130,7 +130,7 @@ def _triton_workspaces(caps: Caps, config: KernelConfig,
                        device: torch.device) -> dict[str, torch.Tensor]:
     return launch.allocate_workspaces(caps.num_heads, caps.head_dim, caps.max_tokens,
                                       caps.max_seqs, config.chunk_size, device,
-                                      config.operand_dtype, config.pipeline)
+                                      config.operand_dtype, config.pipeline, config.segments)
 
 
 def _triton_run(binding: Binding) -> None:

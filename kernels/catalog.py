@@ -12,6 +12,9 @@ A profile (kernels/profiles.py) names both schemas; one that does not match the 
 refused with `KdaPolicyError`. Bump a version when a field changes meaning; adding or
 removing a field changes the schema by itself (the field names are part of it).
 
+Config schema v2 added `segments`. A v1 profile still loads: its entries were tuned with the
+serial walk, which is segments = 1 (CONFIG_MIGRATIONS fills the fields a version lacks).
+
 `config_problems` is the validity rule every config must pass (an explicit one in plan(),
 a profile entry, a tuning candidate); `shared_memory_estimate` is the tuner's pre-filter.
 """
@@ -28,7 +31,9 @@ from . import config as kernel_config
 from .config import Caps, KernelConfig
 
 QUERY_VERSION = 1
-CONFIG_VERSION = 1
+CONFIG_VERSION = 2
+# per older config schema version: the fields it lacks and the value its entries ran with
+CONFIG_MIGRATIONS: dict[int, dict[str, Any]] = {1: {"segments": 1}}
 QUERY_FIELDS = ("heads", "head_dim", "dtype", "capacity", "gate", "token_bucket", "seq_bucket")
 WARP_COUNTS = (1, 2, 4, 8, 16)
 DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
@@ -171,8 +176,8 @@ def config_problems(config: KernelConfig, head_dim: int) -> list[str]:
     The rule: block_v a power of two in [16, head_dim] that divides head_dim; chunk_size a
     multiple of 16 (tl.dot tiles); num_warps and prepare_warps in 1, 2, 4, 8, 16;
     num_stages >= 1; dot_precision one of Triton's input precisions; operand_dtype one of
-    kernels.config.OPERAND_DTYPES; pipeline one of kernels.config.PIPELINES. Fields
-    KernelConfig does not have are not checked.
+    kernels.config.OPERAND_DTYPES; pipeline one of kernels.config.PIPELINES; segments in
+    1..kernels.config.MAX_SEGMENTS. Fields KernelConfig does not have are not checked.
     """
     problems = []
     values = config_to_dict(config)
@@ -200,6 +205,10 @@ def config_problems(config: KernelConfig, head_dim: int) -> list[str]:
     pipeline = values.get("pipeline")
     if pipeline is not None and pipeline not in kernel_config.PIPELINES:
         problems.append(f"pipeline {pipeline!r} must be one of {kernel_config.PIPELINES}")
+    segments = values.get("segments")
+    if segments is not None and not (isinstance(segments, int) and not isinstance(segments, bool)
+                                     and 1 <= segments <= kernel_config.MAX_SEGMENTS):
+        problems.append(f"segments {segments} must be in 1..{kernel_config.MAX_SEGMENTS}")
     operand_dtypes = getattr(kernel_config, "OPERAND_DTYPES", None)
     operand = values.get("operand_dtype")
     if operand is not None and operand_dtypes is not None and operand not in operand_dtypes:

@@ -10,13 +10,15 @@ import torch
 # kdabench.qualify.run, which still reads it from here.
 from .contract import BACKENDS, GATE_MODES, MIN_LOWER_BOUND, VALIDATION_MODES
 
-__all__ = ["BACKENDS", "CHUNK_SIZE", "OPERAND_DTYPES", "PIPELINES", "SHARED_MEMORY_BUDGET_BYTES",
+__all__ = ["BACKENDS", "CHUNK_SIZE", "MAX_SEGMENTS", "OPERAND_DTYPES", "PIPELINES",
+           "SHARED_MEMORY_BUDGET_BYTES",
            "Caps", "CuteConfig", "KernelConfig"]
 
 OPERAND_DTYPES = ("float32", "bfloat16")
 PIPELINES = ("fused", "split")
 CHUNK_SIZE = 32
 SHARED_MEMORY_BUDGET_BYTES = 99 * 1024
+MAX_SEGMENTS = 16
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,10 @@ class KernelConfig:
     chunk and computes the output inside the state pass; "split" runs stage 1 as parallel
     sub-block kernels, keeps only the state chain in the pass and computes the output in a
     parallel kernel from the stored chunk-start states (faster at few heads and long chunks,
-    slower where small chunks make those states many).
+    slower where small chunks make those states many). segments: ranges of the batch's chunks
+    whose state passes run at once, joined exactly by each range's transition and a scan
+    (kernels/triton/segments.py); 1 is the serial walk. More programs for few heads and
+    sequences, for about three times the pass's work.
     """
 
     chunk_size: int = CHUNK_SIZE
@@ -68,6 +73,7 @@ class KernelConfig:
     dot_precision: str = "tf32"
     operand_dtype: str = "float32"
     pipeline: str = "fused"
+    segments: int = 1
 
 
 @dataclass(frozen=True)

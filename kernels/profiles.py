@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .catalog import (
+    CONFIG_MIGRATIONS,
     CONFIG_VERSION,
     KDA_PREFILL,
     QUERY_FIELDS,
@@ -178,7 +179,7 @@ def parse_profile(raw: bytes | str, path: str | os.PathLike = "profile") -> Prof
     if document.get("operator") != KDA_PREFILL.operator:
         raise KdaPolicyError(f"{label}: operator {document.get('operator')!r}, expected "
                              f"{KDA_PREFILL.operator!r}")
-    check_schema(document.get("schema"), label)
+    added = check_schema(document.get("schema"), label)
     device = document.get("device")
     if not isinstance(device, dict) or not isinstance(device.get("slug"), str):
         raise KdaPolicyError(f"{label}: 'device' must be an object with a 'slug'")
@@ -190,7 +191,7 @@ def parse_profile(raw: bytes | str, path: str | os.PathLike = "profile") -> Prof
         raise KdaPolicyError(f"{label}: 'entries' must be a list")
     entries: dict[KdaQuery, ProfileEntry] = {}
     for number, item in enumerate(raw_entries, start=1):
-        entry = _entry(item, f"{label}: entry {number}")
+        entry = _entry(item, f"{label}: entry {number}", added)
         if entry.query in entries:
             raise KdaPolicyError(f"{label}: entry {number}: {entry.query.describe()} is listed "
                                  "twice")
@@ -200,8 +201,9 @@ def parse_profile(raw: bytes | str, path: str | os.PathLike = "profile") -> Prof
                    status=status, entries=entries, document=document)
 
 
-def check_schema(schema: Any, label: str) -> None:
-    """Refuse schemas whose versions or field names differ from the catalog's."""
+def check_schema(schema: Any, label: str) -> dict[str, Any]:
+    """Refuse schemas whose versions or field names differ from the catalog's (after the
+    migration of an older config version); returns the fields that migration adds."""
     if not isinstance(schema, dict):
         raise KdaPolicyError(f"{label}: no 'schema' object (query and config versions)")
     query, config = schema.get("query"), schema.get("config")
@@ -216,11 +218,23 @@ def check_schema(schema: Any, label: str) -> None:
             f"{regenerate}")
     fields = config.get("fields")
     names = sorted(fields) if isinstance(fields, dict) else []
-    if config.get("version") != CONFIG_VERSION or names != sorted(config_fields()):
+    added = config_migration(config.get("version"))
+    if added is None or sorted(names + list(added)) != sorted(config_fields()):
         raise KdaPolicyError(
             f"{label}: config schema v{config.get('version')} ({_names(names)}) does not "
             f"match this kdabench's v{CONFIG_VERSION} ({', '.join(sorted(config_fields()))}); "
             f"{regenerate}")
+    return added
+
+
+def config_migration(version: Any) -> dict[str, Any] | None:
+    """The fields a config of schema `version` lacks, with the values its entries ran with
+    ({} for the current version); None for a version this kdabench cannot read."""
+    if version == CONFIG_VERSION:
+        return {}
+    if isinstance(version, int) and not isinstance(version, bool):
+        return CONFIG_MIGRATIONS.get(version)
+    return None
 
 
 def _names(fields: Any) -> str:
@@ -229,14 +243,17 @@ def _names(fields: Any) -> str:
     return ", ".join(map(str, fields)) if isinstance(fields, list) and fields else "no fields"
 
 
-def _entry(item: Any, where: str) -> ProfileEntry:
+def _entry(item: Any, where: str, added: dict[str, Any]) -> ProfileEntry:
     if not isinstance(item, dict):
         raise KdaPolicyError(f"{where}: an entry is an object with query, config, measurements")
     missing = [key for key in ("query", "config") if key not in item]
     if missing:
         raise KdaPolicyError(f"{where}: lacks {', '.join(missing)}")
     query = KdaQuery.from_dict(item["query"], where)
-    config = config_from_dict(item["config"], where)
+    raw_config = item["config"]
+    if isinstance(raw_config, dict):
+        raw_config = {**added, **raw_config}
+    config = config_from_dict(raw_config, where)
     problems = config_problems(config, query.head_dim)
     if problems:
         raise KdaPolicyError(f"{where}: config is not valid for {query.describe()}: "

@@ -68,6 +68,17 @@ def locate_chunk(chunk_offsets, num_seqs, c, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def segment_bounds(chunk_offsets, num_seqs, part, parts):
+    """Global chunks [lo, hi) of range `part` when the batch's chunks are cut into `parts`
+    ranges of equal size (the last one shorter): computed on the device from the chunk count
+    the validation wrote, so a captured graph cuts each replay's batch afresh."""
+    total = tl.load(chunk_offsets + num_seqs).to(tl.int64)
+    size = (total + parts - 1) // parts
+    lo = tl.minimum(part * size, total)
+    return lo, tl.minimum(lo + size, total)
+
+
+@triton.jit
 def chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c, CHUNK: tl.constexpr,
               SEARCH_BLOCK: tl.constexpr):
     """(live, bos, start, seqlen) of global chunk c: its sequence's first token, the chunk's

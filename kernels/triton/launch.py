@@ -8,6 +8,7 @@ import triton
 from .prefill import kda_checkpoint_kernel, kda_output_kernel, kda_state_pass_kernel
 from .prepare import kda_chunk_prepare_kernel
 from .prepare_blocks import kda_chunk_blocks_kernel, kda_chunk_decay_kernel, kda_chunk_solve_kernel
+from .segments import kda_segment_scan_kernel, kda_segment_transition_kernel
 from .validate import kda_validate_kernel
 
 GATE_CODES = {"precomputed": 0, "sigmoid": 1, "softplus": 2}
@@ -27,10 +28,10 @@ CHECKPOINT_BLOCK_V = 32  # V columns per checkpoint program
 # the next range's stage 1; each range costs 4 launches and an event. A range pays for itself
 # once a sequence slot holds this many chunks per range: under CUDA-graph capture, where a
 # launch costs nothing on replay, or eager, where each costs ~25 us of host time (H200,
-# kernels/NOTES.md, v11). At most SPLIT_SEGMENTS ranges (ws_carry's rows).
-SPLIT_SEGMENTS = 8
-CHUNKS_PER_SEGMENT_CAPTURED = 64
-CHUNKS_PER_SEGMENT_EAGER = 256
+# kernels/NOTES.md, v11). At most SPLIT_RANGES ranges (ws_carry's rows).
+SPLIT_RANGES = 8
+CHUNKS_PER_RANGE_CAPTURED = 64
+CHUNKS_PER_RANGE_EAGER = 256
 KERNEL_WORKSPACES = ("ws_G", "ws_QG", "ws_KD", "ws_GL", "ws_W", "ws_U", "ws_Aqk")  # argument order
 STATE_WORKSPACES = KERNEL_WORKSPACES[1:]  # the state pass reads all but G
 
@@ -67,10 +68,12 @@ def chunk_slots(max_tokens: int, max_seqs: int, chunk_size: int) -> int:
 
 def allocate_workspaces(num_heads: int, head_dim: int, max_tokens: int, max_seqs: int,
                         chunk_size: int, device: torch.device, operand_dtype: str = "float32",
-                        pipeline: str = "fused") -> dict[str, torch.Tensor]:
+                        pipeline: str = "fused", segments: int = 1) -> dict[str, torch.Tensor]:
     """The per-plan workspaces of the two-stage prefill (operands in `operand_dtype`); the split
     pipeline adds the solve's matrix (ws_A), the chunk-start states (ws_S) and the state
-    carried from one segment's pass to the next (ws_carry)."""
+    carried from one range's pass to the next (ws_carry); parallel segments (segments.py) add
+    the edge states (ws_carry), each range's transition (ws_trans) and offset (ws_bias), and
+    the initial states copied for the pass (ws_entry)."""
     chunks = chunk_slots(max_tokens, max_seqs, chunk_size)
     rows = chunks * chunk_size
     f32 = {"dtype": torch.float32, "device": device}
@@ -85,11 +88,15 @@ def allocate_workspaces(num_heads: int, head_dim: int, max_tokens: int, max_seqs
         "ws_U": torch.empty(num_heads, rows, head_dim, **f32),
         "ws_Aqk": torch.empty(num_heads, rows, chunk_size, **ops),
     }
+    edges = max(SPLIT_RANGES if pipeline == "split" else 0, segments - 1)
     if pipeline == "split":
         workspaces["ws_A"] = torch.empty(num_heads, rows, chunk_size, **f32)
         workspaces["ws_S"] = torch.empty(num_heads, chunks, head_dim, head_dim, **ops)
-        workspaces["ws_carry"] = torch.empty(SPLIT_SEGMENTS, num_heads, head_dim, head_dim,
-                                             **f32)
+    if edges:
+        workspaces["ws_carry"] = torch.empty(edges, num_heads, head_dim, head_dim, **f32)
+    if segments > 1:
+        for name in ("ws_trans", "ws_bias", "ws_entry"):
+            workspaces[name] = torch.empty(segments - 1, num_heads, head_dim, head_dim, **f32)
     return workspaces
 
 
@@ -117,19 +124,16 @@ def prefill(binding) -> None:
     meta_capacity = binding.cu_seqlens.numel() - 1
     stride_slots = chunk_slots(caps.max_tokens, caps.max_seqs, config.chunk_size)
     bound_slots = chunk_slots(binding.q.shape[0], meta_capacity, config.chunk_size)
-    if split:
-        _split_segments(binding, stride_slots, bound_slots)
+    if config.segments > 1:
+        if split:
+            _split_stage_one(binding, stride_slots, 0, bound_slots)
+        else:
+            _fused_stage_one(binding, stride_slots, bound_slots)
+        _parallel_segments(binding, stride_slots)
+    elif split:
+        _split_ranges(binding, stride_slots, bound_slots)
     else:
-        kda_chunk_prepare_kernel[(bound_slots, H)](
-            binding.q, binding.k, binding.v, binding.g, binding.beta, binding.cu_seqlens,
-            binding.num_seqs, ws["chunk_offsets"], binding.A_log, binding.dt_bias,
-            plan.error_code, *(ws[name] for name in KERNEL_WORKSPACES), float(caps.lower_bound),
-            stride_slots,
-            H=H, K=K, V=K, CHUNK=config.chunk_size, SUB=SUB_CHUNK, GATE=GATE_CODES[caps.gate],
-            QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
-            DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,
-            num_warps=config.prepare_warps,
-        )
+        _fused_stage_one(binding, stride_slots, bound_slots)
         _state_pass(binding, stride_slots, 0, 0, bound_slots)
     checkpoint_block_v = min(K, CHECKPOINT_BLOCK_V)
     kda_checkpoint_kernel[(meta_capacity * caps.max_checkpoints, K // checkpoint_block_v, H)](
@@ -152,32 +156,74 @@ def prefill(binding) -> None:
         )
 
 
-def _state_pass(binding, stride_slots: int, segment: int, chunk_lo: int, chunk_hi: int
-                ) -> None:
-    """The state pass over global chunks [chunk_lo, chunk_hi), range number `segment`: every
-    sequence's chunks in that range, from its initial state or the state range segment - 1
-    left in ws_carry."""
+def _fused_stage_one(binding, stride_slots: int, bound_slots: int) -> None:
+    """The fused pipeline's stage 1: one program per chunk and head (prepare.py)."""
     plan = binding.plan
     caps, config, ws = plan.caps, plan.config, plan.workspaces
     H, K = caps.num_heads, caps.head_dim
-    split = config.pipeline == "split"
+    kda_chunk_prepare_kernel[(bound_slots, H)](
+        binding.q, binding.k, binding.v, binding.g, binding.beta, binding.cu_seqlens,
+        binding.num_seqs, ws["chunk_offsets"], binding.A_log, binding.dt_bias,
+        plan.error_code, *(ws[name] for name in KERNEL_WORKSPACES), float(caps.lower_bound),
+        stride_slots,
+        H=H, K=K, V=K, CHUNK=config.chunk_size, SUB=SUB_CHUNK, GATE=GATE_CODES[caps.gate],
+        QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
+        DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,
+        num_warps=config.prepare_warps,
+    )
+
+
+def _state_pass(binding, stride_slots: int, part: int, chunk_lo: int, chunk_hi: int, *,
+                parallel: bool = False) -> None:
+    """The state pass over global chunks [chunk_lo, chunk_hi), range number `part`: every
+    sequence's chunks in that range, from its initial state or the state range part - 1
+    left in ws_carry. parallel: every one of `part` ranges at once (segments.py; the chunk
+    bounds are cut on the device)."""
+    plan = binding.plan
+    caps, config, ws = plan.caps, plan.config, plan.workspaces
+    H, K = caps.num_heads, caps.head_dim
     meta_capacity = binding.cu_seqlens.numel() - 1
-    kda_state_pass_kernel[(meta_capacity, triton.cdiv(K, config.block_v), H)](
+    ranges = part if parallel else 1
+    spare = ws["ws_U"]  # stands for the workspaces a variant does not read
+    kda_state_pass_kernel[(meta_capacity * ranges, triton.cdiv(K, config.block_v), H)](
         binding.out, binding.state_pool, binding.cu_seqlens,
         binding.num_seqs, ws["chunk_offsets"], binding.initial_state_indices,
         binding.final_state_indices, binding.checkpoint_offsets,
         binding.checkpoint_state_indices, *(ws[name] for name in STATE_WORKSPACES),
-        *((ws["ws_S"], ws["ws_carry"]) if split else (ws["ws_U"],) * 2),
+        *(ws.get(name, spare) for name in ("ws_S", "ws_carry", "ws_entry")),
         plan.error_code, binding.scale, binding.out.shape[0], meta_capacity, stride_slots,
-        segment, chunk_lo, chunk_hi,
+        part, chunk_lo, chunk_hi,
         H=H, K=K, V=K, BV=config.block_v, CHUNK=config.chunk_size, CK=caps.max_checkpoints,
-        DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(), SPLIT_OUTPUT=split,
-        FILL_ROWS=FILL_ROWS, num_warps=config.num_warps, num_stages=config.num_stages,
+        DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(),
+        SPLIT_OUTPUT=config.pipeline == "split", FILL_ROWS=FILL_ROWS, PARALLEL=parallel,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
 
-def _split_segments(binding, stride_slots: int, bound_slots: int) -> None:
-    """The split pipeline's stage 1 and state pass in ranges of chunks (split_segment_count):
+def _parallel_segments(binding, stride_slots: int) -> None:
+    """The state pass in config.segments ranges at once (segments.py): each range's transition
+    and offset, the scan over the range edges, then every range's pass from its edge state."""
+    plan = binding.plan
+    caps, config, ws = plan.caps, plan.config, plan.workspaces
+    H, K = caps.num_heads, caps.head_dim
+    segments, block = config.segments, config.block_v
+    kda_segment_transition_kernel[(segments - 1, 2 * K // block, H)](
+        binding.state_pool, ws["chunk_offsets"], binding.num_seqs, binding.initial_state_indices,
+        ws["ws_KD"], ws["ws_GL"], ws["ws_W"], ws["ws_U"], ws["ws_trans"], ws["ws_bias"],
+        ws["ws_entry"], plan.error_code, stride_slots, segments,
+        H=H, K=K, V=K, BV=block, CHUNK=config.chunk_size, DOT_PRECISION=config.dot_precision,
+        UPCAST_DOTS=interpreted(), SEARCH_BLOCK=SEARCH_BLOCK,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    kda_segment_scan_kernel[(K // block, H)](
+        ws["ws_trans"], ws["ws_bias"], ws["ws_carry"], plan.error_code, segments,
+        H=H, K=K, V=K, BV=block, num_warps=config.num_warps,
+    )
+    _state_pass(binding, stride_slots, segments, 0, 0, parallel=True)
+
+
+def _split_ranges(binding, stride_slots: int, bound_slots: int) -> None:
+    """The split pipeline's stage 1 and state pass in ranges of chunks (split_range_count):
     on a GPU the pass of one range runs on a side stream while stage 1 makes the next range's
     operands, so the serial pass hides behind the parallel work (its programs fill only
     sequences x V blocks x heads SMs). Nothing waits on a flag: the side stream waits on an
@@ -185,33 +231,33 @@ def _split_segments(binding, stride_slots: int, bound_slots: int) -> None:
     fork and join. Without a GPU the ranges run one after the other."""
     side = _side_stream(binding.q.device)
     capturing = side is not None and torch.cuda.is_current_stream_capturing()
-    segments = split_segment_count(bound_slots, binding.cu_seqlens.numel() - 1, capturing)
-    segments = max(1, min(segments, binding.plan.workspaces["ws_carry"].shape[0], bound_slots))
-    size = triton.cdiv(bound_slots, segments)
+    ranges = split_range_count(bound_slots, binding.cu_seqlens.numel() - 1, capturing)
+    ranges = max(1, min(ranges, binding.plan.workspaces["ws_carry"].shape[0], bound_slots))
+    size = triton.cdiv(bound_slots, ranges)
     side = side if size < bound_slots else None
     main = torch.cuda.current_stream(binding.q.device) if side is not None else None
-    for segment, chunk_lo in enumerate(range(0, bound_slots, size)):
+    for part, chunk_lo in enumerate(range(0, bound_slots, size)):
         chunk_hi = min(chunk_lo + size, bound_slots)
         _split_stage_one(binding, stride_slots, chunk_lo, chunk_hi - chunk_lo)
         if side is None:
-            _state_pass(binding, stride_slots, segment, chunk_lo, chunk_hi)
+            _state_pass(binding, stride_slots, part, chunk_lo, chunk_hi)
             continue
         ready = torch.cuda.Event()
         ready.record(main)
         side.wait_event(ready)
         with torch.cuda.stream(side):
-            _state_pass(binding, stride_slots, segment, chunk_lo, chunk_hi)
+            _state_pass(binding, stride_slots, part, chunk_lo, chunk_hi)
     if side is not None:
         main.wait_stream(side)
 
 
-def split_segment_count(bound_slots: int, meta_capacity: int, capturing: bool) -> int:
+def split_range_count(bound_slots: int, meta_capacity: int, capturing: bool) -> int:
     """How many ranges the split pipeline cuts `bound_slots` chunks into: one per
-    CHUNKS_PER_SEGMENT_* chunks of a sequence slot (the pass already runs the slots side by
-    side), at least 1, at most SPLIT_SEGMENTS."""
-    per_range = CHUNKS_PER_SEGMENT_CAPTURED if capturing else CHUNKS_PER_SEGMENT_EAGER
+    CHUNKS_PER_RANGE_* chunks of a sequence slot (the pass already runs the slots side by
+    side), at least 1, at most SPLIT_RANGES."""
+    per_range = CHUNKS_PER_RANGE_CAPTURED if capturing else CHUNKS_PER_RANGE_EAGER
     per_slot = bound_slots // max(meta_capacity, 1)
-    return max(1, min(SPLIT_SEGMENTS, per_slot // per_range))
+    return max(1, min(SPLIT_RANGES, per_slot // per_range))
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}

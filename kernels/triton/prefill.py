@@ -10,10 +10,14 @@ state S [K, BV] in registers. From stage 1's workspaces (see prepare.py):
 The fused pipeline computes o in the loop. The split one (SPLIT_OUTPUT) keeps only the state
 chain there, storing each chunk's start state (as the dots take it) and delta (over U), and
 kda_output_kernel computes o for every chunk in parallel. A launch covers the global chunks
-[chunk_lo, chunk_hi), range number `segment`: the split pipeline runs the pass in ranges
-(launch.split_segment_count), each starting from the state the range before left in ws_carry (one
+[chunk_lo, chunk_hi), range number `part`: the split pipeline runs the pass in ranges
+(launch.split_range_count), each starting from the state the range before left in ws_carry (one
 edge state per range, as a range edge lies inside at most one sequence), so that one range's
-pass overlaps the next range's stage 1.
+pass overlaps the next range's stage 1. With PARALLEL the launch covers every range of the
+config's segments at once (segments.py): the batch's chunks cut evenly on the device, each
+range starting from the exact edge state the segment scan left in ws_carry, or, for a sequence
+that starts inside the range and runs past it, from the copy of its initial state the
+transition pass took (the last range may write that slot while the first would still read it).
 
 A checkpoint at in-chunk position p < CHUNK is the same update truncated to the chunk's first p
 tokens (from G and k): the pass leaves the chunk-start state in the checkpoint's slot and the
@@ -31,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import chunk_of, load_keys, mma, pool_tile, row_of
+from .common import chunk_of, load_keys, mma, pool_tile, row_of, segment_bounds
 
 
 @triton.jit
@@ -92,10 +96,10 @@ def _next_checkpoint(ck_off, ck_idx, n, after, none_offset, CK: tl.constexpr):
 @triton.jit
 def _state_pass(
     out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-    ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, scale, num_chunk_slots,
-    segment, chunk_lo, chunk_hi, n, iv, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry, scale, num_chunk_slots,
+    part, chunk_lo, chunk_hi, n, iv, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
+    UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, PARALLEL: tl.constexpr,
 ):
     bos = tl.load(cu_seqlens + n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
@@ -104,16 +108,20 @@ def _state_pass(
     # this launch's share of the sequence: its chunks within global chunks [chunk_lo, chunk_hi)
     lo = tl.minimum(tl.maximum(chunk_lo - first_chunk, 0), chunks)
     hi = tl.minimum(tl.maximum(chunk_hi - first_chunk, 0), chunks)
-    if (lo < hi) | ((chunks == 0) & (chunk_lo == 0)):
+    if (lo < hi) | ((chunks == 0) & (part == 0)):
         rk = tl.arange(0, K)
         rv = iv * BV + tl.arange(0, BV)
         # a range edge lies inside at most one sequence: range r's edge state sits in slot r
-        carried = ws_carry + ((segment * H + h) * K + rk[:, None]) * V + rv[None, :]
+        edge_row = (part * H + h) * K + rk[:, None]
+        carried = ws_carry + edge_row * V + rv[None, :]
         if lo == 0:
             init_slot = tl.load(init_idx + n).to(tl.int64)
             has_init = (rk[:, None] * 0 + rv[None, :] * 0 + init_slot) >= 0  # a full mask
-            state = tl.load(pool_tile(pool, tl.maximum(init_slot, 0), h, rk, rv, H, K, V),
-                            mask=has_init, other=0.0)
+            if PARALLEL and (hi < chunks):  # the copy taken before any range wrote the pool
+                state = tl.load(ws_entry + edge_row * V + rv[None, :])
+            else:
+                state = tl.load(pool_tile(pool, tl.maximum(init_slot, 0), h, rk, rv, H, K, V),
+                                mask=has_init, other=0.0)
         else:  # the state where the range before this one left it
             state = tl.load(carried - H * K * V)
         state = _walk_chunks(
@@ -124,7 +132,7 @@ def _state_pass(
             final_slot = tl.load(final_idx + n).to(tl.int64)
             if final_slot >= 0:
                 tl.store(pool_tile(pool, final_slot, h, rk, rv, H, K, V), state)
-        else:
+        elif not PARALLEL:  # the segment scan wrote the edge states before this launch
             tl.store(carried, state)
 
 
@@ -176,24 +184,36 @@ def _walk_chunks(
 @triton.jit
 def kda_state_pass_kernel(
     out, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
-    ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, err_ptr,
-    scale, token_capacity, meta_capacity, num_chunk_slots, segment, chunk_lo, chunk_hi,
+    ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry, err_ptr,
+    scale, token_capacity, meta_capacity, num_chunk_slots, part, chunk_lo, chunk_hi,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, FILL_ROWS: tl.constexpr,
+    PARALLEL: tl.constexpr,
 ):
-    n = tl.program_id(0)
+    """One program per (sequence slot, V block, head); with PARALLEL, `part` is the range
+    count and the first axis runs over (range, sequence slot)."""
+    pid = tl.program_id(0)
+    n = pid % meta_capacity
     iv = tl.program_id(1)
     h = tl.program_id(2)
     if tl.load(err_ptr) != 0:
-        _fill_nan(out, n, iv, h, token_capacity, meta_capacity, H, V, BV, FILL_ROWS)
-    elif n < tl.load(num_seqs_ptr):
-        _state_pass(
-            out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-            ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, scale, num_chunk_slots,
-            segment, chunk_lo, chunk_hi, n, iv, h, H, K, V, BV, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS,
-            SPLIT_OUTPUT,
-        )
+        if pid < meta_capacity:
+            _fill_nan(out, n, iv, h, token_capacity, meta_capacity, H, V, BV, FILL_ROWS)
+    else:
+        num_seqs = tl.load(num_seqs_ptr)
+        if n < num_seqs:
+            if PARALLEL:  # the last range first: under the interpreter, which runs programs
+                # in order, a range that read a slot the later ones write would read it late
+                part_index = part - 1 - pid // meta_capacity
+                chunk_lo, chunk_hi = segment_bounds(chunk_offsets, num_seqs, part_index, part)
+                part = part_index
+            _state_pass(
+                out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
+                ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry, scale,
+                num_chunk_slots, part, chunk_lo, chunk_hi, n, iv, h, H, K, V, BV, CHUNK, CK,
+                DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, PARALLEL,
+            )
 
 
 @triton.jit

@@ -282,11 +282,13 @@ def test_accuracy_against_float64(case_id):
 
 
 @pytest.mark.parametrize("pipeline", ["fused", "split"])
-@pytest.mark.parametrize("chunk_size", [16, 64])
-def test_pipelines_against_float64(pipeline, chunk_size):
-    """Each pipeline under an explicit config (bf16 operands, as the H200 profile picks), on a
-    ragged 64-sequence batch with four checkpoints each, against the float64 recurrence."""
-    case_id = "T8192-N64-H16-K128-ragged"
+@pytest.mark.parametrize("chunk_size, segments", [(16, 1), (64, 1), (64, 8)],
+                         ids=["c16", "c64", "c64-segments8"])
+@pytest.mark.parametrize("case_id", ["T8192-N64-H16-K128-ragged", "T65536-N1-H4-K128-i64"])
+def test_pipelines_against_float64(pipeline, chunk_size, segments, case_id):
+    """Each pipeline under an explicit config (bf16 operands, as the H200 profile picks), with
+    the serial walk and with eight parallel segments, on a ragged 64-sequence batch and on one
+    long sequence, four checkpoints per sequence, against the float64 recurrence."""
     _, lengths, heads, dim, _, _, index_dtype, seed = CASES_BY_ID[case_id]
     x = case_inputs(case_id)
     call = Call(lengths, seed, index_dtype)
@@ -296,17 +298,17 @@ def test_pipelines_against_float64(pipeline, chunk_size):
                 max_seqs=len(lengths), max_state_slots=call.num_slots,
                 max_checkpoints=CAPACITY)
     config = KernelConfig(chunk_size=chunk_size, block_v=16, num_stages=2,
-                          operand_dtype="bfloat16", pipeline=pipeline)
+                          operand_dtype="bfloat16", pipeline=pipeline, segments=segments)
     binding = bind(plan(caps, config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
                    **call.tensors())
     binding.out.fill_(SENTINEL)
     result = run(binding)
     assert int(result.error_code) == 0, result.message()
     errors, _ = errors_against_float64(x, call, pool, result.o)
-    ERRORS[f"{case_id}-{pipeline}-c{chunk_size}"] = errors
+    ERRORS[f"{case_id}-{pipeline}-c{chunk_size}-s{segments}"] = errors
     assert errors["unwritten_rows"] == 0 and errors["written_past_live"] == 0
     failures = tolerance_failures(errors)
-    assert not failures, f"{pipeline} c{chunk_size}: " + "; ".join(failures)
+    assert not failures, f"{pipeline} c{chunk_size} segments {segments}: " + "; ".join(failures)
 
 
 @pytest.mark.parametrize("case_id", list(CASES_BY_ID))
@@ -432,6 +434,7 @@ def test_fault_leaves_pool_untouched(mutate, fault):
 # The split pipeline's own kernels (stage-1 trio, checkpoint and output kernels) under the same
 # faults, one of each class (fp32 operands: this checks the error path, not the rounding).
 SPLIT = KernelConfig(chunk_size=64, block_v=16, num_stages=2, pipeline="split")
+SEGMENTS = KernelConfig(chunk_size=64, block_v=16, num_stages=2, pipeline="split", segments=5)
 SPLIT_FAULTS = ["checkpoint-on-other-final", "cu-seqlens-decreasing", "final-slot-eq-num-slots",
                 "offsets-not-increasing"]
 
@@ -440,20 +443,23 @@ def force_ranges(monkeypatch, count: int) -> None:
     """Make the split pipeline cut its chunks into `count` ranges, whatever the shape."""
     from kdabench.kernels.triton import launch
 
-    monkeypatch.setattr(launch, "split_segment_count", lambda *_: count)
+    monkeypatch.setattr(launch, "split_range_count", lambda *_: count)
 
 
-@pytest.mark.parametrize("ranges", [1, 3])
+@pytest.mark.parametrize("config, ranges", [(SPLIT, 1), (SPLIT, 3), (SEGMENTS, 1)],
+                         ids=["one-range", "three-ranges", "five-segments"])
 @pytest.mark.parametrize("mutate, fault", [f[1:] for f in FAULTS if f[0] in SPLIT_FAULTS],
                          ids=SPLIT_FAULTS)
-def test_split_pipeline_fault_leaves_pool_untouched(mutate, fault, ranges, monkeypatch):
+def test_split_pipeline_fault_leaves_pool_untouched(mutate, fault, config, ranges, monkeypatch):
+    """The split pipeline in one range and in three, and parallel segments (the transition,
+    scan and parallel pass kernels), under one fault of each class."""
     force_ranges(monkeypatch, ranges)
     x, call, pool, pool_before = fault_setup()
     mutate(call)
     caps = Caps(device=DEVICE, num_heads=FAULT_HEADS, head_dim=128, max_tokens=x.q.shape[0],
                 max_seqs=len(FAULT_LENGTHS), max_state_slots=call.num_slots,
                 max_checkpoints=CAPACITY)
-    binding = bind(plan(caps, SPLIT), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+    binding = bind(plan(caps, config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
                    **call.tensors())
     assert_rejected(run(binding), pool, pool_before, fault)
 
@@ -482,8 +488,10 @@ GRAPH_REPLAYS = [  # lengths (the live sequences), initial slots, first slot wri
 ]
 
 
-@pytest.mark.parametrize("config, ranges", [(None, None), (SPLIT, None), (SPLIT, 3)],
-                         ids=["default", "split", "split-3-ranges"])
+@pytest.mark.parametrize("config, ranges", [
+    (None, None), (SPLIT, None), (SPLIT, 3), (SEGMENTS, None),
+    (KernelConfig(chunk_size=16, block_v=32, num_stages=2, segments=8), None)],
+    ids=["default", "split", "split-3-ranges", "split-5-segments", "fused-8-segments"])
 def test_cuda_graph_replays_with_new_metadata(config, ranges, monkeypatch):
     if ranges is not None:
         force_ranges(monkeypatch, ranges)
@@ -607,8 +615,8 @@ def test_split_ranges_follow_capture(monkeypatch):
     from kdabench.kernels.triton import launch
 
     asked = []
-    policy = launch.split_segment_count
-    monkeypatch.setattr(launch, "split_segment_count",
+    policy = launch.split_range_count
+    monkeypatch.setattr(launch, "split_range_count",
                         lambda slots, capacity, capturing: asked.append(capturing)
                         or policy(slots, capacity, capturing))
     lengths, heads = [9000], 2

@@ -292,24 +292,30 @@ def test_kernel_configs_match_recurrent_oracle(pipeline, chunk_size, block_v, fu
     x = make_inputs(lengths, heads, dim, gate="softplus", qk_l2norm=fused_norms,
                     beta_sigmoid=fused_norms, seed=seed % 1000)
     meta, num_slots = lay_out(lengths, checkpoints, capacity=4, seed=seed)
-    pool = make_pool(meta, num_slots, x, seed)
-    pool_before = pool.clone()
     caps = Caps(device="cpu", num_heads=heads, head_dim=dim, max_tokens=sum(lengths),
                 max_seqs=len(lengths), max_state_slots=num_slots, max_checkpoints=4,
                 gate="softplus", qk_l2norm=fused_norms, beta_sigmoid=fused_norms)
     config = KernelConfig(chunk_size=chunk_size, block_v=block_v, pipeline=pipeline)
     planned = plan(caps, config)
     assert ("ws_S" in planned.workspaces) == (pipeline == "split")
+    run_checked(planned, x, meta, make_pool(meta, num_slots, x, seed))
+
+
+def run_checked(planned, x, meta: Metadata, pool: torch.Tensor) -> torch.Tensor:
+    """Bind `planned` to x and meta with int32 metadata, run it into a poisoned output, check
+    the error code and everything against the float64 recurrence; returns the output."""
+    pool_before = pool.clone()
     binding = bind(planned, x.q, x.k, x.v, x.g, x.beta, state_pool=pool, A_log=x.A_log,
                    dt_bias=x.dt_bias, **meta.tensors(torch.int32, vector=False))
     binding.out.fill_(SENTINEL)
     result = run(binding)
     assert int(result.error_code) == 0, result.message()
     check_against_oracle(x, meta, pool_before, pool, result.o)
+    return result.o
 
 
 @pytest.mark.parametrize("segments", [2, 3, 7])
-def test_split_segments_equal_one_pass_bit_for_bit(segments, seed, monkeypatch):
+def test_split_ranges_equal_one_pass_bit_for_bit(segments, seed, monkeypatch):
     """The split pipeline in ranges of chunks (each range's pass starting from the state the
     previous one carried in ws_carry) gives the output and pool of one range, bit for bit:
     sequences cross range boundaries, one is empty, checkpoints fall on both sides of them."""
@@ -329,7 +335,7 @@ def test_split_segments_equal_one_pass_bit_for_bit(segments, seed, monkeypatch):
                         or state_pass(*args))
     results = []
     for count in (1, segments):
-        monkeypatch.setattr(launch, "split_segment_count", lambda *_, count=count: count)
+        monkeypatch.setattr(launch, "split_range_count", lambda *_, count=count: count)
         passes.clear()
         pool = make_pool(meta, num_slots, x, seed)
         pool_before = pool.clone()
@@ -351,13 +357,70 @@ def test_split_segments_equal_one_pass_bit_for_bit(segments, seed, monkeypatch):
     (129, 1, True, 2),     # the same captured: launches are free on replay
     (513, 1, False, 2),    # 32768 tokens eager
     (1025, 1, False, 4),
-    (1025, 1, True, 8),    # capped at SPLIT_SEGMENTS
+    (1025, 1, True, 8),    # capped at SPLIT_RANGES
     (133, 4, True, 1),     # four sequences already run four passes side by side
     (5, 8, True, 1),       # fewer chunks than slots
     (0, 0, False, 1),
 ])
-def test_split_segment_count(bound_slots, meta_capacity, capturing, expected):
+def test_split_range_count(bound_slots, meta_capacity, capturing, expected):
     from kdabench.kernels.triton import launch
 
-    assert launch.SPLIT_SEGMENTS == 8
-    assert launch.split_segment_count(bound_slots, meta_capacity, capturing) == expected
+    assert launch.SPLIT_RANGES == 8
+    assert launch.split_range_count(bound_slots, meta_capacity, capturing) == expected
+
+
+# Segmented against serial: the same fp32 chain, except that each range edge's state arrives
+# through P_r S + b_r instead of token after token (a reordered sum of K = 64 terms per entry,
+# a few times over), so equal to about 1e-6 where a wrong transition errs by O(1).
+SEGMENT_TOL = 1e-5
+
+
+@pytest.mark.parametrize("pipeline", ["fused", "split"])
+@pytest.mark.parametrize("segments", [2, 3, 7])
+def test_parallel_segments_match_the_serial_walk(pipeline, segments, seed):
+    """Parallel segments (kernels/triton/segments.py) against the float64 recurrence and
+    against the serial walk of the same config: ranges cut sequences (one runs through several
+    ranges, one is empty, one starts inside a range and runs past it), checkpoints fall on
+    both sides of range edges, and one sequence's initial slot is its final slot (the copy
+    the transition pass takes must be what the first range reads)."""
+    lengths, heads, dim = [150, 0, 5, 90, 33], 2, 64
+    checkpoints = [[1, 63, 64, 100], [N_, N_, N_, N_], [4, N_, N_, N_], [16, 32, 48, 89],
+                   [N_, 17, N_, N_]]
+    x = make_inputs(lengths, heads, dim, gate="softplus", seed=seed % 1000)
+    meta, num_slots = lay_out(lengths, checkpoints, capacity=4, seed=seed)
+    meta.final[0] = meta.initial[0]  # in place: the long sequence writes back its own slot
+    caps = Caps(device="cpu", num_heads=heads, head_dim=dim, max_tokens=sum(lengths),
+                max_seqs=len(lengths), max_state_slots=num_slots, max_checkpoints=4,
+                gate="softplus")
+    results = []
+    for count in (1, segments):
+        config = KernelConfig(chunk_size=16, block_v=32, pipeline=pipeline, segments=count)
+        planned = plan(caps, config)
+        assert ("ws_trans" in planned.workspaces) == (count > 1)
+        pool = make_pool(meta, num_slots, x, seed)
+        results.append((run_checked(planned, x, meta, pool).clone(), pool))
+    (o_serial, pool_serial), (o_parallel, pool_parallel) = results
+    assert_close("output, segmented vs serial", o_serial.float(), o_parallel.float(), OUTPUT_TOL)
+    assert_close("pool, segmented vs serial", pool_serial, pool_parallel, SEGMENT_TOL)
+
+
+def test_parallel_segments_leave_the_pool_unchanged_on_bad_metadata(seed):
+    """A rejected call with parallel segments writes NaN to the output and nothing to the
+    pool, bit for bit: the transition and scan kernels do not run on a non-zero code."""
+    lengths, heads, dim = [150, 40], 2, 64
+    x = make_inputs(lengths, heads, dim, gate="softplus", seed=seed % 1000)
+    meta, num_slots = lay_out(lengths, [[1, 63, 64, 100], [16, N_, N_, N_]], capacity=4,
+                              seed=seed)
+    meta.ck_slots[1][0] = meta.final[0]  # a destination written twice
+    caps = Caps(device="cpu", num_heads=heads, head_dim=dim, max_tokens=sum(lengths),
+                max_seqs=len(lengths), max_state_slots=num_slots, max_checkpoints=4,
+                gate="softplus")
+    pool = make_pool(meta, num_slots, x, seed)
+    pool_before = pool.clone()
+    config = KernelConfig(chunk_size=16, block_v=32, segments=4)
+    binding = bind(plan(caps, config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                   A_log=x.A_log, dt_bias=x.dt_bias, **meta.tensors(torch.int32, vector=False))
+    result = run(binding)
+    assert int(result.error_code) & 1, result.message()
+    assert torch.equal(pool, pool_before)
+    assert bool(result.o.isnan().all())
