@@ -143,12 +143,13 @@ ARMS = ("baseline", "export", "prefix-cache", "export+prefix-cache")
 PROMPTS = (8192, 16384, 32768)
 
 
-def serve_receipt(folder: Path) -> Path:
+def serve_receipt(folder: Path, baseline: str | None = None) -> Path:
     """Cases as kdabench.sweep writes them: server and probe records, cold-TTFT cells per arm
     and prompt size (intervals recorded for some arms, absent for others), one decode window
     per arm (with its own TTFT, which is not a cold-TTFT cell), and one arm whose activation
-    checks failed."""
-    receipt = builder("serve-sweep", {"arms": list(ARMS), "samples": 7})
+    checks failed; `baseline` as the sweep's options record it."""
+    receipt = builder("serve-sweep", {"arms": list(ARMS), "samples": 7,
+                                      "options": {"baseline": baseline, "seed": 0}})
     for a, arm in enumerate(ARMS):
         valid = arm != "prefix-cache"
         receipt.add_case({"id": f"server/{arm}", "kind": "server", "arm": arm,
@@ -442,6 +443,21 @@ def test_a_serve_sweep_report_has_ttft_with_intervals_a_plot_and_decode_rates(tm
     (plot,) = result.plots
     assert plot.name.endswith("-ttft.png")
     assert_real_image(plot)
+
+
+def test_a_serve_sweep_report_reads_each_arm_against_the_baseline(tmp_path: Path):
+    text = build_report([serve_receipt(tmp_path, baseline="baseline")],
+                        tmp_path / "out").markdown_path.read_text(encoding="utf-8")
+    section = text.split("#### Against baseline", 1)[1].split("####", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| export |")]
+    assert [row.split(" | ")[1] for row in rows] == [f"{p} tokens" for p in PROMPTS]
+    for row in rows:  # export runs 1.25x faster: its median over the baseline's is about 0.8
+        ratio, interval = row.rstrip(" |").split(" | ")[-2:]
+        low, high = (float(v) for v in interval.split(" – "))
+        assert 0.7 < float(ratio) < 0.9 and low <= float(ratio) <= high
+    assert "| prefix-cache |" not in section  # its cells are not valid
+    plain = build_report([serve_receipt(tmp_path / "plain")], tmp_path / "plain-out")
+    assert "#### Against" not in plain.markdown_path.read_text(encoding="utf-8")
 
 
 def test_a_serve_sweep_report_says_which_cells_are_unverified(tmp_path: Path):

@@ -25,6 +25,7 @@ from kdabench.stats import median
 from kdabench.sweep.arms import PACKAGED, ArmsError, load_arms
 from kdabench.sweep.cases import UNVERIFIED, case_ok, unverified, unverified_arms
 from kdabench.sweep.client import APIS
+from kdabench.sweep.contrasts import Contrast
 from kdabench.sweep.options import SCHEDULES, SweepError, SweepOptions
 from kdabench.sweep.runner import Sweep, SweepResult
 from kdabench.sweep.servers import EMBEDDED_MAX_MODEL_LEN
@@ -107,6 +108,10 @@ def _pairs(text: str | None) -> tuple[tuple[int, int], ...] | None:
               help="Model preset of the embedded server, or '--model PRESET' appended to the "
               "--launch command (see kdabench serve-local --help). Default: the server's "
               "(kimi-linear-tp4 on a GPU, tiny on a CPU).")
+@click.option("--baseline", metavar="ARM", default=None,
+              help="The arm every other is read against: per prompt size its median cold "
+              "TTFT over the baseline's, per shared-prefix case its P2's, each with a "
+              "bootstrap 95% interval (default: the arms file's; local: final-only).")
 @click.option("--drift-bound", type=float, default=None,
               help="Max |logprob(cold) - logprob(cached)| the probes allow (default 0.05).")
 @click.option("--seed", type=int, default=None, help="Seed of prompt filler and bootstrap.")
@@ -126,7 +131,7 @@ def serve_sweep(arms_spec: str, endpoint: str | None, launch_cmd: str | None,
                 prompt_tokens: str | None, samples: int | None, rounds: int | None,
                 warmups: int | None, decode_window_s: float | None,
                 shared_prefix: str | None, shared_prefix_tokens: int | None, model: str | None,
-                drift_bound: float | None, seed: int | None,
+                baseline: str | None, drift_bound: float | None, seed: int | None,
                 api: str | None, health_timeout_s: float | None, api_key_env: str, out_dir: Path | None,
                 schedule: str | None, blocks: int | None, tokenizer: str | None,
                 as_json: bool) -> None:
@@ -164,7 +169,7 @@ def serve_sweep(arms_spec: str, endpoint: str | None, launch_cmd: str | None,
             "shared_prefix": _pairs(shared_prefix),
             "shared_prefix_tokens": shared_prefix_tokens, "drift_bound": drift_bound,
             "seed": seed, "health_timeout_s": health_timeout_s, "api": api,
-            "schedule": schedule, "blocks": blocks,
+            "schedule": schedule, "blocks": blocks, "baseline": baseline,
         })
         mode = "launch" if launch_cmd else "attach" if endpoint else "embedded"
         if mode == "embedded" and any(arm.endpoint for arm in arms.arms):
@@ -329,6 +334,7 @@ def _render(console: Console, sweep: Sweep, result: SweepResult) -> None:
     console.print(extra)
     _render_shared_prefix(console, by_kind.get("shared-prefix", []),
                           result.receipt["config"].get("shared_prefix_skipped", []))
+    _render_contrasts(console, result.contrasts())
     for failure in result.failures:
         console.print(f"[red]server failure[/red] {escape(failure['arm'])} during "
                       f"{escape(failure['phase'])}: {escape(failure['message'])}")
@@ -369,6 +375,32 @@ def _render_shared_prefix(console: Console, cases: list[dict[str, Any]],
     for case in skipped:
         console.print(f"shared prefix {case['total_tokens']}:{case['shared_tokens']} "
                       f"skipped: {escape(case['reason'])}")
+
+
+def _render_contrasts(console: Console, rows: list[Contrast]) -> None:
+    """Each arm against the baseline: median over median, and the ratio's interval."""
+    if not rows:
+        return
+    table = Table(title=f"against {rows[0].baseline} (arm median / baseline median, "
+                  "bootstrap 95% CI; under 1: the arm is faster)", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    for column in ("arm", "case", "arm ms", "baseline ms", "ratio", "95% CI", "change"):
+        table.add_column(column, justify="left" if column in ("arm", "case") else "right",
+                         no_wrap=True)
+    for row in rows:
+        ci = row.ci95
+        table.add_row(escape(row.arm), escape(row.label), _fmt(row.arm_median_ms),
+                      _fmt(row.baseline_median_ms), _fmt(row.ratio, ".3f"),
+                      "-" if ci is None else f"{ci[0]:.3f}-{ci[1]:.3f}",
+                      "-" if row.ratio is None else _change(row.ratio))
+    console.print(table)
+
+
+def _change(ratio: float) -> str:
+    """+2.1% for a ratio of 1.021; "4.3x sooner" where the arm takes under half the time."""
+    if ratio > 0 and ratio < 0.5:
+        return f"{1 / ratio:.1f}x sooner"
+    return f"{(ratio - 1) * 100:+.1f}%"
 
 
 def _closing_line(cases: list[dict[str, Any]]) -> str:

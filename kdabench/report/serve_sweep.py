@@ -41,6 +41,7 @@ from kdabench.report.markdown import (
 )
 from kdabench.report.plotting import new_figure, save_png
 from kdabench.report.serve_servers import server_lines, shared_prefix_lines
+from kdabench.sweep.contrasts import contrasts
 
 TTFT_KINDS = (None, "cold-ttft", "ttft")  # case["kind"] of a TTFT cell (None: unmarked)
 UNVERIFIED = "unverified"
@@ -228,6 +229,7 @@ def serve_section(receipt: LoadedReceipt, plot_path: Path) -> tuple[list[str], l
         receipt.doc, cases, plot_path.with_name(f"{plot_path.stem}-shared-prefix.png"))
     lines += shared
     plots += shared_plots
+    lines += contrast_lines(receipt.doc)
     decode = [p for p in points if p.has_decode]
     lines += ["#### Decode rates", ""]
     if decode:
@@ -249,6 +251,29 @@ def serve_section(receipt: LoadedReceipt, plot_path: Path) -> tuple[list[str], l
                         for i, (case, p) in enumerate(zip(cases, points, strict=True))]),
               ""]
     return lines, plots
+
+
+def contrast_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Each arm against the sweep's baseline arm (kdabench.sweep.contrasts), where the
+    receipt names one."""
+    options = (doc.get("config") or {}).get("options") or {}
+    baseline = options.get("baseline")
+    if baseline is None:
+        return []
+    rows = contrasts(doc.get("cases") or [], baseline, seed=options.get("seed") or 0)
+    lines = [f"#### Against {baseline}", ""]
+    if not rows:
+        return lines + [(f"No prompt size or shared-prefix case was measured by {baseline} "
+                         "and another arm."), ""]
+    return lines + [
+        ("Median of the arm over median of the baseline, with a bootstrap 95% interval of the "
+         "ratio (each side resampled); under 1, the arm is faster."), "",
+        md_table(["arm", "case", "arm median (ms)", "baseline median (ms)", "ratio", "95% CI"],
+                 [[row.arm, row.label, fmt_ms(row.arm_median_ms),
+                   fmt_ms(row.baseline_median_ms),
+                   "-" if row.ratio is None else f"{row.ratio:.3f}",
+                   "-" if row.ci95 is None else f"{row.ci95[0]:.3f} – {row.ci95[1]:.3f}"]
+                  for row in rows]), ""]
 
 
 def _validity(point: ServePoint) -> str:

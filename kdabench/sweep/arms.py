@@ -14,6 +14,7 @@ An arms file is TOML::
     shared_prefix = [[8192, 4096], [65536, 57344]]  # (P1 tokens, tokens P2 shares); or
     # shared_prefix_tokens = 8192  # one case: P1's length, P2 shares its first half
     drift_bound = 0.05           # max |logprob(cold) - logprob(cached)|
+    baseline = "final-only"      # the arm the others are read against (contrasts.py)
 
     [common]                     # given to every arm's server
     env = { KDABENCH_LOCAL_BLOCK_TOKENS = "512" }
@@ -68,6 +69,7 @@ SWEEP_KEYS: dict[str, type | tuple[type, ...]] = {
     "shared_prefix_repeats": int,
     "health_timeout_s": (int, float),
     "request_timeout_s": (int, float),
+    "baseline": str,
 }
 
 _TOP_KEYS = {"schema", "name", "description", "sweep", "common", "arms"}
@@ -264,6 +266,8 @@ def _sweep(raw: Any, label: str) -> dict[str, Any]:
                     for pair in value):
                 raise ArmsError(f"{label}: [sweep] shared_prefix must be [[P1 tokens, shared "
                                 "tokens], ...] of positive integers")
+        elif key == "baseline":
+            _string(value, f"{label}: [sweep] baseline")
         elif value < 0 or (value == 0 and key not in ("warmups",)):
             raise ArmsError(f"{label}: [sweep] {key} = {value!r} must be positive")
         out[key] = value

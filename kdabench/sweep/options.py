@@ -41,6 +41,7 @@ class SweepOptions:
     seed: int = 0
     schedule: str = "interleaved"  # every server up at once, or one server per block
     blocks: int = 2  # blocks schedule: blocks per arm, in A B B A order (2: A B B A)
+    baseline: str | None = None  # the arm the others are contrasted with (contrasts.py)
 
     @classmethod
     def resolve(cls, file_defaults: dict[str, Any], overrides: dict[str, Any]) -> SweepOptions:
@@ -94,6 +95,12 @@ class SweepOptions:
     @property
     def samples_per_round(self) -> int:
         return self.samples // self.round_count
+
+    def check_arms(self, names: list[str]) -> None:
+        """Refuse a baseline that names no arm."""
+        if self.baseline is not None and self.baseline not in names:
+            raise SweepError(f"baseline {self.baseline!r} is not an arm (arms: "
+                             f"{', '.join(names)})")
 
     def validate(self) -> None:
         if not self.prompt_tokens or any(n < MIN_PROMPT_TOKENS for n in self.prompt_tokens):

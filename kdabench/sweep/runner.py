@@ -57,6 +57,7 @@ from kdabench.sweep import phases
 from kdabench.sweep.arms import ArmsFile
 from kdabench.sweep.cases import block_cases, case_ok, live_rows, sweep_cases
 from kdabench.sweep.client import ServerClient, ServerError, ServerGone
+from kdabench.sweep.contrasts import Contrast, contrasts
 from kdabench.sweep.limits import check_attached_arms, check_context, endpoint_groups
 from kdabench.sweep.options import SweepError, SweepOptions
 from kdabench.sweep.prompts import PromptError, PromptFactory
@@ -92,10 +93,18 @@ class SweepResult:
     def cases(self) -> list[dict[str, Any]]:
         return self.receipt["cases"]
 
+    def contrasts(self) -> list[Contrast]:
+        """Every arm against the sweep's baseline arm (none without a baseline)."""
+        options = self.receipt["config"]["options"]
+        if options.get("baseline") is None:
+            return []
+        return contrasts(self.cases, options["baseline"], seed=options.get("seed", 0))
+
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "status": self.receipt["status"],
                 "receipt": str(self.receipt_path), "sha256": self.receipt["sha256"],
                 "summary": self.receipt["summary"], "failures": self.failures,
+                "contrasts": [row.to_dict() for row in self.contrasts()],
                 "cases": self.receipt["cases"]}
 
 
@@ -115,6 +124,7 @@ class Sweep:
         if mode == "attach" and not endpoint and not all(a.endpoint for a in arms.arms):
             raise SweepError("attach mode needs --endpoint URL or an endpoint for every arm")
         options.validate()
+        options.check_arms([arm.name for arm in arms.arms])
         if model is not None and mode == "attach":
             raise SweepError(f"--model {model}: an attached server runs the model it was "
                              "started with; --model applies to the embedded server or --launch")

@@ -261,6 +261,7 @@ probe_tokens = 4
 decode_window_s = 0.2
 decode_prompt_tokens = 32
 shared_prefix = [[1024, 512], [2048, 1536], [4096, 2048]]
+baseline = "final-only"
 [common]
 env = { KDABENCH_LOCAL_PREFIX_CACHE = "1", KDABENCH_LOCAL_BLOCK_TOKENS = "256", \
         KDABENCH_LOCAL_MAX_BATCHED_TOKENS = "1024" }
@@ -300,6 +301,10 @@ def test_embedded_server_shared_prefix_reuses_checkpoints(tmp_path: Path) -> Non
     # one line for both arms: their servers run on the same device, backend and model
     assert f"runs on: {runs_on['device']} · backend chunk · model tiny · torch " in result.output
     assert "(final-only, checkpoints)" in result.output
+    # what checkpoints buy, read against final-only
+    assert receipt["config"]["options"]["baseline"] == "final-only"
+    assert "against final-only (arm median / baseline median" in result.output
+    assert "P2 of 2048 sharing 1536" in result.output
 
 
 # ---------------------------------------------------------------------------- context limit
