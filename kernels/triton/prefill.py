@@ -205,15 +205,21 @@ def kda_state_pass_kernel(
         if n < num_seqs:
             if PARALLEL:  # the last range first: under the interpreter, which runs programs
                 # in order, a range that read a slot the later ones write would read it late
-                part_index = part - 1 - pid // meta_capacity
-                chunk_lo, chunk_hi = segment_bounds(chunk_offsets, num_seqs, part_index, part)
-                part = part_index
-            _state_pass(
-                out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-                ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry, scale,
-                num_chunk_slots, part, chunk_lo, chunk_hi, n, iv, h, H, K, V, BV, CHUNK, CK,
-                DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, PARALLEL,
-            )
+                index = part - 1 - pid // meta_capacity
+                range_lo, range_hi = segment_bounds(chunk_offsets, num_seqs, index, part)
+                _state_pass(
+                    out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
+                    ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry, scale,
+                    num_chunk_slots, index, range_lo, range_hi, n, iv, h, H, K, V, BV, CHUNK,
+                    CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, PARALLEL,
+                )
+            else:
+                _state_pass(
+                    out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
+                    ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry, scale,
+                    num_chunk_slots, part, chunk_lo, chunk_hi, n, iv, h, H, K, V, BV, CHUNK,
+                    CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, PARALLEL,
+                )
 
 
 @triton.jit
