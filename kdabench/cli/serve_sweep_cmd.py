@@ -95,7 +95,8 @@ def _pairs(text: str | None) -> tuple[tuple[int, int], ...] | None:
               "(pip install 'kdabench[serve]'). Default: the server's /tokenize, else "
               "calibration against the usage.prompt_tokens the server reports.")
 @click.option("--warmups", type=int, default=None,
-              help="Warmups per arm and prompt size, never counted (default 1).")
+              help="Warmups per arm and prompt size, and uncounted P1/P2 pairs per shared-prefix "
+                   "case (default 1).")
 @click.option("--decode-window", "decode_window_s", type=float, default=None, metavar="S",
               help="Seconds of decode measured per arm (default: the arms file's, else 2).")
 @click.option("--shared-prefix", "shared_prefix", metavar="P1:SHARED,...", default=None,

@@ -9,7 +9,8 @@ An arms file is TOML::
     [sweep]                      # defaults of this file; command-line options override
     prompt_tokens = [1024, 4096]
     samples = 3                  # cold samples per arm and prompt size
-    warmups = 1                  # shape warmups per arm and prompt size (never counted)
+    warmups = 1                  # shape warmups per arm and prompt size, and uncounted
+                                 # pairs per shared-prefix case
     decode_window_s = 2.0
     shared_prefix = [[8192, 4096], [65536, 57344]]  # (P1 tokens, tokens P2 shares); or
     # shared_prefix_tokens = 8192  # one case: P1's length, P2 shares its first half

@@ -144,6 +144,7 @@ def _shared_prefix_case(state: ArmState, total: int, flag: dict[str, Any],
     p2 = [r["p2_ttft_ms"] for r in records if r["p2_ttft_ms"] is not None]
     p1 = [r["p1_ttft_ms"] for r in records if r["p1_ttft_ms"] is not None]
     cached = [r["p2_cached_tokens"] for r in records]
+    warmups = [r for r in state.shared_prefix_warmups if r["total_tokens"] == total]
     interval = stats.bootstrap_ci(p2, seed=seed + total)
     return {
         "id": f"shared-prefix/{arm}/{total}", "kind": "shared-prefix", "arm": arm,
@@ -151,7 +152,9 @@ def _shared_prefix_case(state: ArmState, total: int, flag: dict[str, Any],
         "p1_ttft_ms": p1, "p2_ttft_ms": p2, "p2_median_ms": stats.median(p2),
         "p2_ci95_ms": None if interval is None else list(interval),
         "p1_median_ms": stats.median(p1), "p2_cached_tokens": cached,
-        "samples": records, "activation": state.activation_status, **flag,
+        "samples": records, "warmups": warmups,
+        "warmup_p2_ttft_ms": [r["p2_ttft_ms"] for r in warmups],
+        "activation": state.activation_status, **flag,
         "verdict": "fail" if not flag["valid"] or not p2 else "pass",
         "message": flag.get("message", f"P2 cached tokens {cached}"
                             if any(c is not None for c in cached)

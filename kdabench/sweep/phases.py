@@ -13,7 +13,9 @@
 - :func:`probes`: a cold prompt, its exact repeat and its extension by the first half of
   its own greedy answer must answer alike, with logprob drift under the bound; a cache
   check whose evidence is unknown is "unverifiable".
-- :func:`shared_prefix`: per case, P1 (unique) then P2 = P1's shared head + another ending.
+- :func:`shared_prefix`: per case, P1 (unique) then P2 = P1's shared head + another ending;
+  with ``warmup=True`` the pair is kept apart and never counted (the first resumed prefill of
+  a new length pays first-use costs, as a cold prompt's first does).
 - :func:`decode`: output tokens/s over a fixed window, normalised by the speculative
   acceptance length read from ``/metrics``.
 
@@ -262,13 +264,14 @@ def probes(state: ArmState, options: SweepOptions) -> None:
     }
 
 
-def shared_prefix(state: ArmState, options: SweepOptions) -> None:
-    """One repeat of every shared-prefix case that runs (see SweepOptions.shared_prefix_runs)."""
+def shared_prefix(state: ArmState, options: SweepOptions, *, warmup: bool = False) -> None:
+    """One repeat of every shared-prefix case that runs (see SweepOptions.shared_prefix_runs);
+    a warmup repeat goes to ``state.shared_prefix_warmups``."""
     for total, shared in options.shared_prefix_runs:
-        _shared_prefix_pair(state, total, shared)
+        _shared_prefix_pair(state, total, shared, warmup)
 
 
-def _shared_prefix_pair(state: ArmState, total: int, shared: int) -> None:
+def _shared_prefix_pair(state: ArmState, total: int, shared: int, warmup: bool) -> None:
     """P1 (unique, `total` tokens) then P2: P1's first `shared` tokens and another ending."""
     assert state.prompts is not None
     head = state.prompts.unique(shared)
@@ -276,7 +279,8 @@ def _shared_prefix_pair(state: ArmState, total: int, shared: int) -> None:
     second = state.prompts.extend(head.text, total)
     p1, p1_evidence = _measure(state, first.text, SAMPLE_MAX_TOKENS)
     p2, p2_evidence = _measure(state, second.text, SAMPLE_MAX_TOKENS)
-    state.shared_prefix.append({
+    records = state.shared_prefix_warmups if warmup else state.shared_prefix
+    records.append({
         "shared_tokens": head.tokens, "total_tokens": total,
         "p1_ttft_ms": _ms(p1.ttft_s), "p1_prompt_tokens": p1.prompt_tokens,
         "p1_cached_tokens": p1_evidence.count,

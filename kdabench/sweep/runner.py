@@ -13,7 +13,8 @@ Order of work, interleaved (docs/DESIGN.md §10)::
              neither may (off)
     rounds:  A B C ..., then ... C B A: one cold sample per arm and prompt size each;
              a sample that reports cached tokens (usage or /metrics) is discarded
-    shared prefix: P1 (unique) then P2 = P1's first half + another continuation
+    shared prefix: per case, `warmups` uncounted pairs, then the repeats: P1 (unique) then
+             P2 = P1's shared head + another continuation
     decode:  output tokens/s over a fixed window, normalised by the speculative
              acceptance length read from /metrics
     per arm: activation patterns again, and `activation_after` over the log written
@@ -220,6 +221,10 @@ class Sweep:
                         self._phase(state, f"round {round_index + 1} {size}-token sample",
                                     lambda s, r=round_index, n=size: self._cold(s, n, r))
             self._snapshot("partial")
+        for warmup in range(self.options.warmups):
+            for state in self._order(warmup):
+                self._phase(state, "shared-prefix warmup",
+                            lambda s: phases.shared_prefix(s, self.options, warmup=True))
         for repeat in range(self.options.shared_prefix_repeats):
             for state in self._order(repeat):
                 self._phase(state, "shared prefix",
@@ -264,6 +269,9 @@ class Sweep:
                             lambda s, r=round_index, n=size: self._block_sample(s, n, r, index))
         if last:
             self._phase(state, "probes", lambda s: phases.probes(s, self.options))
+            for _ in range(self.options.warmups):
+                self._phase(state, "shared-prefix warmup",
+                            lambda s: phases.shared_prefix(s, self.options, warmup=True))
             for _ in range(self.options.shared_prefix_repeats):
                 self._phase(state, "shared prefix",
                             lambda s: phases.shared_prefix(s, self.options))

@@ -28,6 +28,7 @@ class ArmState:
     discarded: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     failed_samples: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # cut short
     shared_prefix: list[dict[str, Any]] = field(default_factory=list)
+    shared_prefix_warmups: list[dict[str, Any]] = field(default_factory=list)  # never counted
     decode: dict[str, Any] | None = None
     failure: dict[str, Any] | None = None
 

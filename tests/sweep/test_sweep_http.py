@@ -128,6 +128,13 @@ def test_launch_two_arms_interleaved(tmp_path: Path) -> None:
     assert cases["server/cache-on"]["activation"] == "passed"
     assert cases["shared-prefix/cache-on/64"]["p2_cached_tokens"] == [32]
     assert cases["shared-prefix/cache-off/64"]["p2_cached_tokens"] == [0]
+    # the shared-prefix warmup pair (warmups = 1) is kept apart and never counted
+    shared = cases["shared-prefix/cache-on/64"]
+    assert len(shared["warmups"]) == 1 and len(shared["warmup_p2_ttft_ms"]) == 1
+    assert shared["warmups"][0]["p2_cached_tokens"] == 32
+    assert shared["warmups"][0]["p1_prompt_tokens"] == 64
+    assert len(shared["samples"]) == 1 and len(shared["p2_ttft_ms"]) == 1
+    assert shared["warmups"][0]["p2_ttft_ms"] not in shared["p2_ttft_ms"]
     assert cases["decode/cache-on"]["acceptance_length"] == pytest.approx(5 / 3)
     assert cases["decode/cache-off"]["acceptance_length"] == 1.0
     decode = cases["decode/cache-on"]

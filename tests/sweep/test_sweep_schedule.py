@@ -79,6 +79,7 @@ def test_blocks_start_a_server_per_block_and_keep_each_blocks_samples(tmp_path: 
     assert cases["blocks/cache-on/64"]["vs_first_arm_ratio"] == pytest.approx(1.0)
     assert cases["server/cache-on"]["activation"] == "passed"  # probes in the last block,
     assert cases["shared-prefix/cache-on/64"]["p2_cached_tokens"] == [32]  # shared prefix last
+    assert [w["p2_cached_tokens"] for w in cases["shared-prefix/cache-on/64"]["warmups"]] == [32]
 
 
 def test_blocks_need_a_server_the_sweep_starts(tmp_path: Path) -> None:
