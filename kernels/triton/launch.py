@@ -22,6 +22,7 @@ KEY_SLICE = 32  # split stage 1: key columns per product step of the blocks kern
 # 121 -> 114 us, 8192x32 463 -> 430); 8 warps are 1.6-1.8x slower at any slice.
 BLOCKS_WARPS = 4
 SOLVE_COLUMNS = 64  # split stage 1: W or U columns per solve program
+SCAN_ROWS = 32  # parallel segments: rows of the previous edge state per scan product
 OUTPUT_BLOCK_V = 64  # split output: V columns per output program
 CHECKPOINT_BLOCK_V = 32  # V columns per checkpoint program
 # The split pipeline runs stage 1 and the pass in ranges of chunks, a range's pass overlapping
@@ -217,7 +218,7 @@ def _parallel_segments(binding, stride_slots: int) -> None:
     )
     kda_segment_scan_kernel[(K // block, H)](
         ws["ws_trans"], ws["ws_bias"], ws["ws_carry"], plan.error_code, segments,
-        H=H, K=K, V=K, BV=block, num_warps=config.num_warps,
+        H=H, K=K, V=K, BV=block, KB=SCAN_ROWS, num_warps=config.num_warps,
     )
     _state_pass(binding, stride_slots, segments, 0, 0, parallel=True)
 

@@ -14,7 +14,8 @@ ranges (common.segment_bounds, on the device) and runs them side by side in thre
    the program also copies that initial state to ws_entry[r] (see prefill.py). Where no
    sequence runs past the edge, P_r = b_r = 0.
 2. kda_segment_scan_kernel, one program per (V block, head): ws_carry[r] = P_r ws_carry[r-1]
-   + b_r in fp32 for r = 0 .. R - 2, the exact state at each range edge.
+   + b_r in fp32 for r = 0 .. R - 2, the exact state at each range edge, the product taken in
+   slices of SCAN_ROWS rows of ws_carry[r-1].
 3. kda_state_pass_kernel with PARALLEL: every range from its edge state, with outputs,
    checkpoints and final states as in the serial walk.
 
@@ -105,18 +106,27 @@ def kda_segment_transition_kernel(
 @triton.jit
 def kda_segment_scan_kernel(
     ws_trans, ws_bias, ws_carry, err_ptr, segments,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
 ):
-    """Program (V block, head): the exact state at every range edge, in fp32 products."""
+    """Program (V block, head): the exact state at every range edge, in fp32 products.
+
+    Each step reads the previous edge state back from ws_carry in KB-row slices (stored by
+    this program one step before, hence the barrier), so that no [K, K] tile of P_r is held
+    in registers: held whole, it spilled and cost about 175 us a step on an H100."""
     iv = tl.program_id(0)
     h = tl.program_id(1)
     if tl.load(err_ptr) == 0:
         rk = tl.arange(0, K)
+        rkb = tl.arange(0, KB)
         rv = iv * BV + tl.arange(0, BV)
-        carry = tl.zeros((K, BV), dtype=tl.float32)
         for r in range(segments - 1):
             rows = (r * H + h) * K + rk[:, None]
-            P = tl.load(ws_trans + rows * K + rk[None, :])
-            carry = tl.dot(P, carry, input_precision="ieee") + tl.load(ws_bias + rows * V
-                                                                       + rv[None, :])
+            carry = tl.load(ws_bias + rows * V + rv[None, :])
+            if r > 0:
+                previous = ((r - 1) * H + h) * K
+                for kk in tl.static_range(0, K, KB):
+                    P = tl.load(ws_trans + rows * K + kk + rkb[None, :])
+                    edge = tl.load(ws_carry + (previous + kk + rkb[:, None]) * V + rv[None, :])
+                    carry += tl.dot(P, edge, input_precision="ieee")
             tl.store(ws_carry + rows * V + rv[None, :], carry)
+            tl.debug_barrier()

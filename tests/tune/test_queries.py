@@ -30,6 +30,18 @@ def test_default_queries_cover_the_bench_shapes_at_capacity_4_and_1():
     assert len({q.catalog_query() for q in queries.queries}) == len(ids) == 18
 
 
+def test_packaged_segments_queries_time_the_serial_walk_beside_segments_on_few_programs():
+    from importlib.resources import files
+
+    path = files("kdabench") / "data" / "tune-segments.toml"
+    queries = load_queries(str(path))
+    assert queries.grid["segments"][0] == 1 and max(queries.grid["segments"]) == 16
+    assert set(queries.grid["block_v"]) == {16, 32}
+    shapes = {(q.shape.tokens, q.shape.heads, q.shape.seqs) for q in queries.queries}
+    assert (65536, 4, 1) in shapes  # Kimi Linear's KDA heads over TP8
+    assert all(heads * seqs <= 32 for _, heads, seqs in shapes)  # few programs only
+
+
 def test_defaults_of_an_almost_empty_file():
     queries = parse_queries(HEAD + ONE, origin="mine.toml")
     assert queries.timing == {"reps": 50, "warmup": 5, "min_gain": 0.03}
