@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import torch
@@ -18,6 +18,8 @@ from . import contract
 from .catalog import config_problems
 from .config import Caps, CuteConfig, KernelConfig
 from .contract import (
+    AUTO_BACKEND,
+    BACKENDS,
     CAPACITIES,
     GATE_MODES,
     HEAD_DIMS,
@@ -28,7 +30,7 @@ from .contract import (
     decode_error_code,
 )
 from .cute import launch as cute_launch
-from .policy import PolicyMode, resolve_config, resolve_mode
+from .policy import PolicyMode, Resolution, resolve_config, resolve_mode
 from .triton import launch
 
 
@@ -164,9 +166,9 @@ BACKEND_TABLE: dict[str, Backend] = {
 def ineligibility(caps: Caps) -> list[str]:
     """Reasons the kernel cannot run these caps on their device (empty when it can)."""
     reasons = []
-    if caps.backend not in BACKEND_TABLE:
+    if caps.backend not in BACKEND_TABLE and caps.backend != AUTO_BACKEND:
         reasons.append(f"backend {caps.backend!r} is not available "
-                       f"(have: {', '.join(BACKEND_TABLE)})")
+                       f"(have: {', '.join(BACKEND_TABLE)}, or {AUTO_BACKEND!r})")
     if caps.head_dim not in HEAD_DIMS:
         reasons.append(f"head_dim {caps.head_dim} unsupported (K = V in {HEAD_DIMS})")
     if caps.max_checkpoints not in CAPACITIES:
@@ -184,8 +186,9 @@ def ineligibility(caps: Caps) -> list[str]:
     for name in ("num_heads", "max_tokens", "max_seqs", "max_state_slots"):
         if getattr(caps, name) < 1:
             reasons.append(f"{name} must be >= 1, got {getattr(caps, name)}")
-    if caps.backend in BACKEND_TABLE:
-        reasons.extend(BACKEND_TABLE[caps.backend].device_ineligibility(torch.device(caps.device)))
+    backend = BACKENDS[0] if caps.backend == AUTO_BACKEND else caps.backend  # auto's fallback
+    if backend in BACKEND_TABLE:
+        reasons.extend(BACKEND_TABLE[backend].device_ineligibility(torch.device(caps.device)))
     return reasons
 
 
@@ -215,9 +218,11 @@ def plan(
     mode = resolve_mode(policy_mode)
     if config is not None:
         source = "explicit"
+        if caps.backend == AUTO_BACKEND:
+            caps = replace(caps, backend="cute" if isinstance(config, CuteConfig) else "triton")
     else:
-        resolved = resolve_config(caps, activation_dtype=activation_dtype, mode=mode,
-                                  directory=profile_dir)
+        resolved = _resolved(caps, device, activation_dtype, mode, profile_dir)
+        caps = replace(caps, backend=resolved.backend)
         config, source = resolved.config, resolved.source
     backend = BACKEND_TABLE[caps.backend]
     if not isinstance(config, backend.config_type):
@@ -239,6 +244,24 @@ def plan(
         workspaces=backend.allocate_workspaces(caps, config, device),
         policy_mode=mode.value,
     )
+
+
+def _resolved(caps: Caps, device: torch.device, activation_dtype: torch.dtype,
+              mode: PolicyMode, profile_dir: str | os.PathLike | None) -> Resolution:
+    """The policy's config and backend; where "auto" resolves to a backend that cannot run on
+    this device, the Triton config of the same query, its source saying why."""
+    resolved = resolve_config(caps, activation_dtype=activation_dtype, mode=mode,
+                              directory=profile_dir)
+    if caps.backend != AUTO_BACKEND or resolved.backend == BACKENDS[0]:
+        return resolved
+    blocked = BACKEND_TABLE[resolved.backend].device_ineligibility(device)
+    if not blocked:
+        return resolved
+    fallback = resolve_config(replace(caps, backend=BACKENDS[0]),
+                              activation_dtype=activation_dtype, mode=mode,
+                              directory=profile_dir)
+    return replace(fallback, source=f"{fallback.source}; the profile's {resolved.backend} "
+                                    f"backend cannot run here: {'; '.join(blocked)}")
 
 
 def _concrete(device: torch.device) -> torch.device:
@@ -389,7 +412,7 @@ def kda_prefill(
     beta_sigmoid: bool = False,
     out: torch.Tensor | None = None,
     policy_mode: str | None = None,
-    backend: str = "triton",
+    backend: str = AUTO_BACKEND,
 ) -> KdaResult:
     """KDA chunked prefill over a packed batch, exporting interior checkpoints into the pool.
 
@@ -404,7 +427,8 @@ def kda_prefill(
     bad metadata the error code has its bits set, o is all NaN and the pool is untouched.
     policy_mode: how the kernel config is resolved ("AUTO", "HEURISTIC_ONLY",
     "PREPLANNED_ONLY"; default $KDABENCH_POLICY_MODE, else AUTO), as in plan().
-    backend: "triton" (default) or "cute" (the CuTe DSL kernels, CUDA only).
+    backend: "auto" (default: the backend the device's profile measured fastest for this
+    query, else Triton), "triton" or "cute" (the CuTe DSL kernels, CUDA only).
     """
     if checkpoint_offsets is None:
         capacity = 1

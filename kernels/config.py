@@ -8,9 +8,9 @@ import torch
 
 # The caller's side of the contract lives in kernels/contract.py. BACKENDS is re-exported for
 # kdabench.qualify.run, which still reads it from here.
-from .contract import BACKENDS, GATE_MODES, MIN_LOWER_BOUND, VALIDATION_MODES
+from .contract import AUTO_BACKEND, BACKENDS, GATE_MODES, MIN_LOWER_BOUND, VALIDATION_MODES
 
-__all__ = ["BACKENDS", "CHUNK_SIZE", "MAX_SEGMENTS", "OPERAND_DTYPES", "PIPELINES",
+__all__ = ["AUTO_BACKEND", "BACKENDS", "CHUNK_SIZE", "MAX_SEGMENTS", "OPERAND_DTYPES", "PIPELINES",
            "SHARED_MEMORY_BUDGET_BYTES",
            "Caps", "CuteConfig", "KernelConfig"]
 
@@ -31,6 +31,9 @@ class Caps:
     gate: "precomputed" log decay, or the raw gate fused in kernel ("sigmoid": lower_bound *
     sigmoid(exp(A_log) * (g + dt_bias)); "softplus": max(-exp(A_log) * softplus(g + dt_bias),
     lower_bound)). lower_bound: the smallest log decay the caller guarantees (>= -5).
+    backend: "triton", "cute", or "auto" (default): the backend the device's profile entry
+    for the query names (the one `kdabench tune` measured fastest), else "triton"; plan()
+    resolves it, so a plan's caps always name the backend that runs.
     """
 
     device: torch.device | str
@@ -45,7 +48,7 @@ class Caps:
     qk_l2norm: bool = False
     beta_sigmoid: bool = False
     validation: str = VALIDATION_MODES[0]
-    backend: str = BACKENDS[0]
+    backend: str = AUTO_BACKEND
 
 
 @dataclass(frozen=True)

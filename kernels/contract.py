@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 
 BACKENDS = ("triton", "cute")
+AUTO_BACKEND = "auto"  # Caps.backend default: the profile entry's backend, else BACKENDS[0]
 HEAD_DIMS = (64, 128)  # K = V
 CAPACITIES = (1, 2, 4)  # checkpoints per sequence; 1 also takes vector metadata [N]
 GATE_MODES = ("precomputed", "sigmoid", "softplus")

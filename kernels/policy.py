@@ -9,6 +9,8 @@ Modes (chosen per call with `policy_mode=`, else by $KDABENCH_POLICY_MODE, else 
 
     resolved = resolve_config(caps, mode="AUTO", device_name="NVIDIA H200")
     resolved.config, resolved.source   # KernelConfig(...), "profile nvidia-h200.json (query v1 ...)"
+    resolved.backend                   # "triton", or "cute" where caps.backend is "auto" and the
+                                       # profile entry says the cute backend measured fastest
 
 The device name defaults to the name of caps.device (torch.cuda.get_device_name; "cpu" for the
 CPU), so resolution is testable from a device-name string alone, without a GPU.
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .catalog import KdaPolicyError, KdaQuery
-from .config import Caps, CuteConfig, KernelConfig
+from .config import AUTO_BACKEND, BACKENDS, Caps, CuteConfig, KernelConfig
 from .profiles import find_profile, profile_dir, profile_path
 
 POLICY_MODE_ENV = "KDABENCH_POLICY_MODE"
@@ -101,6 +103,7 @@ class Resolution:
     mode: PolicyMode
     query: KdaQuery
     profile: str | None = None  # the profile file's name when the config came from one
+    backend: str = BACKENDS[0]  # the backend the config is for
 
 
 def cute_origin(caps: Caps) -> str:
@@ -116,7 +119,9 @@ def cute_origin(caps: Caps) -> str:
 def resolve_config(caps: Caps, *, activation_dtype: torch.dtype | str = torch.bfloat16,
                    mode: str | PolicyMode | None = None, device_name: str | None = None,
                    directory: str | os.PathLike | None = None) -> Resolution:
-    """The config a plan of `caps` gets under `mode` (see the module docstring).
+    """The config a plan of `caps` gets under `mode`, and its backend (see the module
+    docstring). caps.backend "auto" takes the profile entry's backend; without an entry, or
+    under HEURISTIC_ONLY, it is "triton".
 
     directory: the profile folder (default $KDABENCH_PROFILE_DIR, else the packaged one).
     Raises KdaPolicyError for a bad mode, a profile that does not load, or PREPLANNED_ONLY
@@ -125,7 +130,7 @@ def resolve_config(caps: Caps, *, activation_dtype: torch.dtype | str = torch.bf
     mode = resolve_mode(mode)
     query = KdaQuery.from_caps(caps, activation_dtype)
     if caps.backend == "cute":
-        return Resolution(CuteConfig(), cute_origin(caps), mode, query)
+        return Resolution(CuteConfig(), cute_origin(caps), mode, query, backend="cute")
     if mode is PolicyMode.HEURISTIC_ONLY:
         return Resolution(heuristic_config(caps), "heuristic (policy mode HEURISTIC_ONLY)",
                           mode, query)
@@ -133,8 +138,11 @@ def resolve_config(caps: Caps, *, activation_dtype: torch.dtype | str = torch.bf
     profile = find_profile(name, directory)
     entry = profile.lookup(query) if profile is not None else None
     if entry is not None:
-        return Resolution(entry.config, f"profile {profile.name} ({query.describe()})", mode,
-                          query, profile.name)
+        source = f"profile {profile.name} ({query.describe()})"
+        if caps.backend == AUTO_BACKEND and entry.backend == "cute":
+            return Resolution(CuteConfig(), f"{source}: the cute backend measured fastest; "
+                              f"{cute_origin(caps)}", mode, query, profile.name, "cute")
+        return Resolution(entry.config, source, mode, query, profile.name)
     if profile is None:
         missing = (f"no profile entry for {query.describe()}: no profile for device {name!r} "
                    f"({profile_path(name, directory).name} not in {profile_dir(directory)})")

@@ -11,7 +11,12 @@ installed as kdabench/profiles/).
      "device": {"name": "NVIDIA H200", "slug": "nvidia-h200", ...},
      "tools": {"python": ..., "torch": ..., "triton": ..., "kdabench": ...},
      "status": "complete", "created_at": ..., "tune": {...},
-     "entries": [{"query": {...}, "config": {...}, "measurements": {...}}, ...]}
+     "entries": [{"query": {...}, "config": {...}, "backend": "triton", "measurements": {...}},
+                 ...]}
+
+An entry's config is the fastest Triton config for its query; its optional "backend" names
+the backend `kdabench tune` measured fastest for the query ("triton" when absent, as in
+profiles made before backends were timed), the one a plan with `Caps.backend = "auto"` runs.
 
 Loading checks all of it; a profile whose format, schema versions or field names differ from
 the catalog's (kernels/catalog.py), whose device is not the one its file name says, or whose
@@ -40,7 +45,7 @@ from .catalog import (
     config_problems,
     config_to_dict,
 )
-from .config import KernelConfig
+from .config import BACKENDS, KernelConfig
 
 PROFILE_FORMAT = "kdabench.profile.v1"
 PROFILE_DIR_ENV = "KDABENCH_PROFILE_DIR"
@@ -82,8 +87,9 @@ class ProfileEntry:
     """One measured choice: the query, the config chosen for it, and why."""
 
     query: KdaQuery
-    config: KernelConfig
+    config: KernelConfig  # the fastest Triton config
     measurements: dict[str, Any] = field(default_factory=dict, compare=False)
+    backend: str = BACKENDS[0]  # the fastest backend for the query
 
 
 @dataclass(frozen=True)
@@ -106,9 +112,10 @@ class Profile:
 
 
 def entry_document(query: KdaQuery, config: KernelConfig,
-                   measurements: dict[str, Any] | None = None) -> dict[str, Any]:
+                   measurements: dict[str, Any] | None = None,
+                   backend: str = BACKENDS[0]) -> dict[str, Any]:
     """One entry as a profile stores it."""
-    return {"query": query.to_dict(), "config": config_to_dict(config),
+    return {"query": query.to_dict(), "config": config_to_dict(config), "backend": backend,
             "measurements": dict(measurements or {})}
 
 
@@ -261,4 +268,7 @@ def _entry(item: Any, where: str, added: dict[str, Any]) -> ProfileEntry:
     measurements = item.get("measurements", {})
     if not isinstance(measurements, dict):
         raise KdaPolicyError(f"{where}: 'measurements' must be an object")
-    return ProfileEntry(query, config, measurements)
+    backend = item.get("backend", BACKENDS[0])
+    if backend not in BACKENDS:
+        raise KdaPolicyError(f"{where}: backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    return ProfileEntry(query, config, measurements, backend)

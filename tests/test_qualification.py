@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -184,7 +185,8 @@ def test_qualified_plan_refuses_an_unqualified_device_when_required(tmp_path):
     with pytest.raises(NotQualifiedError, match="not a CUDA device"):
         qualified_plan(caps, require=True, results_dir=tmp_path)
     planned, status = qualified_plan(caps, results_dir=tmp_path)
-    assert planned.caps == caps and not status.qualified
+    assert caps.backend == "auto" and not status.qualified
+    assert planned.caps == dataclasses.replace(caps, backend="triton")  # no profile: Triton
 
 
 def test_qualified_plan_accepts_a_qualified_device(tmp_path, sources, monkeypatch):
@@ -193,7 +195,7 @@ def test_qualified_plan_accepts_a_qualified_device(tmp_path, sources, monkeypatc
     caps = Caps(device="cpu", num_heads=1, head_dim=64, max_tokens=16, max_seqs=1,
                 max_state_slots=2)
     planned, status = qualified_plan(caps, require=True, results_dir=tmp_path)
-    assert status.qualified and planned.caps == caps
+    assert status.qualified and planned.caps == dataclasses.replace(caps, backend="triton")
     monkeypatch.setattr(qualified, "device_name_of", lambda device: "NVIDIA GB10")
     with pytest.raises(NotQualifiedError, match="GB10"):
         qualified_plan(caps, require=True, results_dir=tmp_path)

@@ -34,9 +34,13 @@ TABLE_WIDTH = 150
 @click.option("--reps", type=int, default=None,
               help="Timed samples per candidate config (default: the queries file's "
               "[timing] reps).")
+@click.option("--backends", "backends", default="triton,cute", show_default=True,
+              metavar="A,B", help="Backends timed per query, triton among them: the CuTe "
+              "DSL backend (one config) beside the Triton candidates, skipped with a note "
+              "where it cannot run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def tune(queries_path: Path | None, out_path: Path | None, only: tuple[str, ...],
-         reps: int | None, as_json: bool) -> None:
+         reps: int | None, backends: str, as_json: bool) -> None:
     """Time candidate kernel configs per query and write the device's profile.
 
     For each query (shape, capacity, gate) of the queries file: every KernelConfig of the
@@ -46,9 +50,12 @@ def tune(queries_path: Path | None, out_path: Path | None, only: tuple[str, ...]
     against the float64 recurrence on a smaller instance (the next fastest if it fails).
     A candidate replaces the heuristic only when it is at least the file's [timing]
     min_gain faster; with `shortlist = N`, a shape's capacity-1 query times only the
-    heuristic and the N fastest configs of its capacity-4 query. The profile records every
-    candidate's median, the winner, its oracle errors, the device and the tool versions;
-    plans then take their configs from it (policy mode AUTO or PREPLANNED_ONLY). Needs a
+    heuristic and the N fastest configs of its capacity-4 query. The other backends are
+    timed on the same input sets; the entry names one of them as the query's backend only
+    where it is min_gain faster than the Triton winner and passes the same check. The
+    profile records every candidate's median, the winner, its oracle errors, the backend,
+    the device and the tool versions; plans then take their configs and, with the default
+    backend "auto", their backend from it (policy mode AUTO or PREPLANNED_ONLY). Needs a
     CUDA GPU.
 
     Exit 0 when every query got an entry; 1 when a query got none (no candidate ran, or
@@ -60,7 +67,8 @@ def tune(queries_path: Path | None, out_path: Path | None, only: tuple[str, ...]
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     with user_errors(QueriesError, TuneError):
         queries = select_queries(load_queries(queries_path), only)
-        run = Tune(queries, out=out_path, reps=reps, command_line=["kdabench", *sys.argv[1:]])
+        run = Tune(queries, out=out_path, reps=reps, command_line=["kdabench", *sys.argv[1:]],
+                   backends=[b.strip() for b in backends.split(",") if b.strip()])
     for note in run.notes:
         print_error(f"note: {note}", style="bold yellow")
     device = escape(str(run.device.get("profile_name")))
@@ -103,6 +111,7 @@ def _render(console: Console, result) -> None:
     table.add_column("query", no_wrap=True)
     table.add_column("timed", justify="right")
     table.add_column("config (vs defaults)")
+    table.add_column("backend")
     for column in ("ms", "heuristic ms", "speedup", "out err", "state err"):
         table.add_column(column, justify="right", no_wrap=True)
     for record in result.records:
@@ -111,7 +120,8 @@ def _render(console: Console, result) -> None:
                      and isinstance(v, (int, float))), default=None)
         table.add_row(
             escape(record["id"]), f"{record['timed']}/{record['candidates']}",
-            escape(_changes(record.get("config"))), _number(record.get("median_ms"), ".4f"),
+            escape(_changes(record.get("config"))), escape(record.get("backend") or "-"),
+            _number(record.get("median_ms"), ".4f"),
             _number(record.get("heuristic_median_ms"), ".4f"),
             _number(record.get("speedup_over_heuristic"), ".2f") + "x"
             if record.get("speedup_over_heuristic") else "-",

@@ -191,11 +191,14 @@ def qualified_plan(caps: Any, config: Any = None, *, require: bool = False,
     policy catalog resolves one, as plan() does).
 
     require=True refuses (NotQualifiedError, with the reason) a device that results/ does not
-    qualify for caps.backend with the installed kernel sources.
+    qualify for the plan's backend (caps.backend "auto" resolved) with the installed kernel
+    sources.
     """
     from kdabench.kernels import plan
 
-    status = device_status(caps.device, caps.backend, results_dir)
+    planned = plan(caps, config)
+    backend = planned.caps.backend
+    status = device_status(caps.device, backend, results_dir)
     if require and not status.qualified:
-        raise NotQualifiedError(f"{caps.device} is not qualified for {caps.backend}: {status.reason}")
-    return plan(caps, config), status
+        raise NotQualifiedError(f"{caps.device} is not qualified for {backend}: {status.reason}")
+    return planned, status

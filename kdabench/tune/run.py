@@ -14,6 +14,14 @@ float64 recurrence on a smaller instance of the query, and if its errors pass th
 file's tolerances it is the entry's config; otherwise the next fastest is checked (at most
 MAX_ORACLE_TRIES). A query whose candidates all fail gets no entry and fails the run.
 
+The other backends (``backends``, default every one in kdabench.kernels.BACKENDS) are timed
+beside the Triton candidates, on the same input sets, one config each (the CuTe DSL backend
+has no tunables). The entry's config is always the Triton winner (what a plan that asks for
+Triton runs); its ``backend`` is another backend only where that one is at least
+``timing.min_gain`` faster than the Triton winner and passes the same float64 check, and a
+plan with ``Caps.backend = "auto"`` (the default) then runs it. A backend that cannot run a
+query here (kdabench.kernels.ineligibility) is skipped with a note.
+
 The profile (format of kdabench.kernels.profiles) is rewritten after every query (status
 "partial", then "complete"); entries already in the file for queries this run does not tune
 are kept, a file that does not load (an older schema) is replaced, and a profile of another
@@ -34,9 +42,10 @@ from typing import Any
 from kdabench.stats import median
 from kdabench.tune.grid import candidates, narrowed, shared_memory_limit
 from kdabench.tune.queries import TuneQueries, TuneQuery
-from kdabench.tune.runner import Runner, Timed
+from kdabench.tune.runner import Runner, Timed, backend_of
 
 MAX_ORACLE_TRIES = 3
+BACKEND_TRITON = "triton"  # the backend whose configs the grid holds and entries keep
 
 
 class TuneError(ValueError):
@@ -69,11 +78,20 @@ class Tune:
     def __init__(self, queries: TuneQueries, *, runner: Runner | None = None,
                  out: str | os.PathLike | None = None, reps: int | None = None,
                  command_line: Sequence[str] | None = None,
-                 created_at: str | None = None) -> None:
+                 created_at: str | None = None,
+                 backends: Sequence[str] | None = None) -> None:
+        from kdabench.kernels.contract import BACKENDS
         from kdabench.kernels.profiles import device_slug, profile_path
 
         if reps is not None and reps < 1:
             raise TuneError(f"--reps must be >= 1, got {reps}")
+        backends = tuple(BACKENDS if backends is None else dict.fromkeys(backends))
+        unknown = [b for b in backends if b not in BACKENDS]
+        if unknown or BACKENDS[0] not in backends:
+            raise TuneError(f"--backends {','.join(backends) or '(none)'}: give some of "
+                            f"{', '.join(BACKENDS)}, {BACKENDS[0]} among them (profile entries "
+                            f"hold its configs)")
+        self.backends = backends
         if runner is None:
             from kdabench.tune.runner import KernelRunner
 
@@ -97,6 +115,7 @@ class Tune:
                               f"is named {self.out.name}")
         self.kept = self._existing_entries()
         self.shortlists: dict[Any, tuple[str, list[Any]]] = {}  # shape -> (first query, configs)
+        self.skipped: dict[str, str] = {}  # backend -> why it was not timed (first query)
 
     def _existing_entries(self) -> dict[Any, dict[str, Any]]:
         """Entries of the profile at `out` for queries this run does not tune."""
@@ -151,12 +170,16 @@ class Tune:
         found = candidates(query, self.queries.grid, self.runner.target())
         if query.shape in self.shortlists:
             found = narrowed(found, *self.shortlists[query.shape])
-        timed = self.runner.measure(query, found.configs, self.timing["warmup"],
+        others = self._other_backend_configs(query)
+        timed = self.runner.measure(query, found.configs + others, self.timing["warmup"],
                                     self.timing["reps"], self.queries.seed)
-        if len(timed) != len(found.configs):
-            raise RuntimeError(f"the runner timed {len(timed)} of {len(found.configs)} configs")
+        if len(timed) != len(found.configs) + len(others):
+            raise RuntimeError(f"the runner timed {len(timed)} of "
+                               f"{len(found.configs) + len(others)} configs")
         rows = [self._row(config, t, config == found.heuristic)
-                for config, t in zip(found.configs, timed, strict=True)]
+                for config, t in zip(found.configs, timed, strict=False)]
+        other_rows = [self._row(config, t, False)
+                      for config, t in zip(others, timed[len(found.configs):], strict=True)]
         ranked = self._ranked(rows)
         if self.queries.shortlist and query.shape not in self.shortlists:
             self.shortlists[query.shape] = (
@@ -169,6 +192,9 @@ class Tune:
                 break
             rejected.append({"config": rows[index]["config"], **oracle})
         heuristic_ms = rows[0]["median_ms"]
+        backend, compared = BACKEND_TRITON, []
+        if winner is not None:
+            backend, compared = self._fastest_backend(query, rows[winner], others, other_rows)
         measurements = {
             "id": query.id,
             "shape": {"tokens": query.shape.tokens, "heads": query.shape.heads,
@@ -188,6 +214,8 @@ class Tune:
                                            else None)},
             "oracle": oracle if winner is not None else None,
             "oracle_rejected": rejected,
+            "backends": compared,
+            "backend": backend,
         }
         record = {
             "id": query.id, "query": query.catalog_query().to_dict(),
@@ -198,6 +226,7 @@ class Tune:
             "speedup_over_heuristic": (measurements["winner"] or {}).get(
                 "speedup_over_heuristic"),
             "oracle_errors": None if winner is None else oracle["errors"],
+            "backend": None if winner is None else backend,
         }
         if winner is None:
             record["verdict"] = "error" if not ranked else "fail"
@@ -206,9 +235,42 @@ class Tune:
         else:
             record["verdict"], record["message"] = "pass", None
             entry = {"query": record["query"], "config": rows[winner]["config"],
-                     "measurements": measurements}
+                     "backend": backend, "measurements": measurements}
         record["wall_s"] = round(time.perf_counter() - started, 3)
         return record, entry
+
+    def _other_backend_configs(self, query: TuneQuery) -> list[Any]:
+        """One config per other backend that can run `query` here; the others are noted."""
+        from kdabench.kernels.config import CuteConfig
+
+        found = []
+        for backend in self.backends[1:]:
+            reason = self.runner.backend_unavailable(backend, query)
+            if reason is None:
+                found.append(CuteConfig())
+            elif backend not in self.skipped:
+                self.skipped[backend] = reason
+                self.notes.append(f"the {backend} backend was not timed for {query.id}: "
+                                  f"{reason}")
+        return found
+
+    def _fastest_backend(self, query: TuneQuery, triton: dict[str, Any], configs: list[Any],
+                         rows: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+        """The backend an "auto" plan of `query` runs: another backend only where it is at
+        least min_gain faster than the Triton winner `triton` and passes the float64 check.
+        Returns it and a record per other backend timed."""
+        chosen, best_ms, compared = BACKEND_TRITON, triton["median_ms"], []
+        for config, row in zip(configs, rows, strict=True):
+            ms = row["median_ms"]
+            record = {**row, "backend": backend_of(config), "oracle": None,
+                      "speedup_over_triton": triton["median_ms"] / ms if ms else None}
+            if ms is not None and ms < best_ms and \
+                    ms <= triton["median_ms"] * (1 - self.timing["min_gain"]):
+                record["oracle"] = self._check(query, config)
+                if record["oracle"]["ok"]:
+                    chosen, best_ms = record["backend"], ms
+            compared.append(record)
+        return chosen, compared
 
     def _ranked(self, rows: list[dict[str, Any]]) -> list[int]:
         """Indices of the timed rows, fastest first; the heuristic (row 0) goes first when the

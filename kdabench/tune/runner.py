@@ -3,8 +3,12 @@
     runner.unavailable() -> str | None          why it cannot run here (None: it can)
     runner.identity() -> dict                   the device (kdabench.environment)
     runner.device_name() -> str                 the name its profile is kept under
+    runner.backend_unavailable(backend, query) -> str | None   why a backend cannot run it
     runner.measure(query, configs, warmup, reps, seed) -> [Timed]   one per config
     runner.check(query, config, check, seed) -> {"instance": ..., "errors": ...}
+
+A config names its backend by its type (:func:`backend_of`): a KernelConfig runs on Triton, a
+CuteConfig on the CuTe DSL backend, so one measure() times both on the same input sets.
 
 `KernelRunner` runs the real kernels on one device. Timing reuses the bench's pieces: the
 input sets are kdabench.bench.cuda.rotated_sets (enough of them to hold twice the L2 cache,
@@ -55,10 +59,17 @@ class Timed:
     input_sets: int | None = None
 
 
+def backend_of(config: Any) -> str:
+    """The backend a config is for: CuteConfig names it ("cute"); a KernelConfig is Triton's."""
+    return str(getattr(config, "backend", "triton"))
+
+
 class Runner(Protocol):
     timer: Timer
 
     def unavailable(self) -> str | None: ...
+
+    def backend_unavailable(self, backend: str, query: Any) -> str | None: ...
 
     def identity(self) -> dict[str, Any]: ...
 
@@ -93,7 +104,8 @@ def oracle_check(kernels: Any, query: Any, config: Any, device: torch.device, *,
     """
     shape = query.check_shape(max_tokens, max_seqs)
     x = query_inputs(query, shape, seed, device)
-    _, runs = kdabench_runs(kernels, [x], shape, query.capacity, device, config=config)
+    _, runs = kdabench_runs(kernels, [x], shape, query.capacity, device, config=config,
+                            backend=backend_of(config))
     run = runs[0]
     result = kernels.run(run.binding)
     result.raise_for_error()
@@ -142,6 +154,13 @@ class KernelRunner:
             return "TRITON_INTERPRET=1 is set: unset it to time the compiled kernels"
         return None
 
+    def backend_unavailable(self, backend: str, query: Any) -> str | None:
+        """Why `backend` cannot run `query` on this device (None: it can)."""
+        from kdabench.kernels.api import ineligibility
+
+        reasons = ineligibility(dataclasses.replace(query.caps(self.target()), backend=backend))
+        return "; ".join(reasons) or None
+
     def identity(self) -> dict[str, Any]:
         from kdabench.environment import device_identity
 
@@ -183,7 +202,7 @@ class KernelRunner:
         runs: list[Any] = []
         try:
             plan, runs = kdabench_runs(kernels, sets, query.shape, query.capacity, device,
-                                       config=config)
+                                       config=config, backend=backend_of(config))
             calls = [(lambda b=r.binding: kernels.run(b)) for r in runs]
             samples = [float(s) for s in self.timer(calls, warmup, reps)]
             code = int(plan.error_code.item())

@@ -102,6 +102,22 @@ def test_json_output_and_the_profile_it_writes(monkeypatch, tmp_path, queries_fi
     assert resolved.config.block_v == 64 and resolved.source.startswith("profile nvidia-h200")
 
 
+def test_backends_option_times_cute_and_the_table_names_the_backend(monkeypatch, tmp_path,
+                                                                    queries_file):
+    use_runner(monkeypatch, cute_factor=0.5)
+    out = tmp_path / "nvidia-h200.json"
+    result = invoke("tune", "--queries", queries_file, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert " cute " in result.stdout and load_profile(out).document["entries"][0]["backend"] \
+        == "cute"
+    result = invoke("tune", "--queries", queries_file, "--out", out, "--backends", "triton",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    assert {q["backend"] for q in json.loads(result.stdout)["queries"]} == {"triton"}
+    assert_one_line_error(invoke("tune", "--queries", queries_file, "--out", out,
+                                 "--backends", "cute"), 2, "--backends cute: give some of")
+
+
 def test_default_out_is_the_profile_folder(monkeypatch, tmp_path, queries_file):
     use_runner(monkeypatch)
     monkeypatch.setenv("KDABENCH_PROFILE_DIR", str(tmp_path / "from-env"))

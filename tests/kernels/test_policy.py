@@ -21,6 +21,7 @@ from kdabench.kernels.catalog import (
     power_of_two_at_least,
     shared_memory_estimate,
 )
+from kdabench.kernels.config import CuteConfig
 from kdabench.kernels.policy import (
     POLICY_MODE_ENV,
     PolicyMode,
@@ -363,6 +364,54 @@ def test_plan_takes_the_profile_of_its_device(tmp_path):
                            profile_dir=tmp_path)
     assert planned.config == TUNED
     assert planned.config_source.startswith(f"profile {device_slug(device_name_of(DEVICE))}.json")
+
+
+def test_auto_takes_the_backend_the_profile_measured_fastest(tmp_path):
+    """An entry naming the cute backend sends "auto" there; an explicit backend keeps its own,
+    and Triton keeps the entry's config; an entry without a backend (older profiles) is Triton."""
+    query = KdaQuery.from_caps(caps())
+    write_profile(tmp_path, rows=[entry_document(query, TUNED, backend="cute")])
+    auto = resolve_config(caps(), device_name=H200, directory=tmp_path)
+    assert (auto.backend, auto.config) == ("cute", CuteConfig())
+    assert auto.source.startswith("profile nvidia-h200.json (query v1 heads=8 ")
+    assert "the cute backend measured fastest" in auto.source
+    triton = resolve_config(caps(backend="triton"), device_name=H200, directory=tmp_path)
+    assert (triton.backend, triton.config) == ("triton", TUNED)
+    cute = resolve_config(caps(backend="cute"), device_name=H200, directory=tmp_path)
+    assert (cute.backend, cute.config) == ("cute", CuteConfig())
+    heuristic = resolve_config(caps(), mode="HEURISTIC_ONLY", device_name=H200,
+                               directory=tmp_path)
+    assert heuristic.backend == "triton"
+
+    older = entry_document(query, TUNED)
+    del older["backend"]
+    write_profile(tmp_path, rows=[older])
+    assert resolve_config(caps(), device_name=H200, directory=tmp_path).backend == "triton"
+    write_profile(tmp_path, rows=[{**older, "backend": "cuda"}])
+    with pytest.raises(KdaPolicyError, match="nvidia-h200.json: entry 1: backend 'cuda' is not "
+                       "one of triton, cute"):
+        resolve_config(caps(), device_name=H200, directory=tmp_path)
+
+
+def test_plan_resolves_auto_to_a_backend_that_runs_here(tmp_path):
+    """A plan's caps name the backend that runs: auto with an explicit config takes the
+    config's backend; auto that the profile sends to a backend this device cannot run (the
+    CuTe DSL without a GPU) runs Triton with the entry's config and says why."""
+    small = caps(max_tokens=64)
+    assert small.backend == "auto"
+    explicit = kernels.plan(small, TUNED, own_output=False, profile_dir=tmp_path)
+    assert explicit.caps.backend == "triton"
+    entry = entry_document(KdaQuery.from_caps(small), TUNED, backend="cute")
+    write_profile(tmp_path, device_name_of(DEVICE), rows=[entry])
+    planned = kernels.plan(small, own_output=False, profile_dir=tmp_path)
+    if DEVICE == "cpu":
+        assert (planned.caps.backend, planned.config) == ("triton", TUNED)
+        assert planned.config_source.startswith(
+            f"profile {device_slug(device_name_of(DEVICE))}.json (query v1 heads=8 ")
+        assert "; the profile's cute backend cannot run here: " in planned.config_source
+    else:
+        assert planned.caps.backend in ("cute", "triton")
+        assert planned.caps.backend == "cute" or "cannot run here" in planned.config_source
 
 
 def test_plan_preplanned_only_refuses_and_names_the_query(tmp_path, monkeypatch):

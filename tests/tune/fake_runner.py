@@ -48,16 +48,22 @@ def fake_ms(query, config) -> float:
 
 class FakeRunner:
     """inaccurate: configs whose oracle errors exceed any tolerance; broken: block_v values
-    whose candidates fail to compile; unavailable: the reason it cannot run."""
+    whose candidates fail to compile; unavailable: the reason it cannot run; cute_factor: the
+    CuTe backend's time over the fastest Triton config's (None: it cannot run here)."""
 
-    def __init__(self, *, name=H200, unavailable=None, inaccurate=(), broken=()):
+    def __init__(self, *, name=H200, unavailable=None, inaccurate=(), broken=(),
+                 cute_factor=None):
         self.timer = None
         self.name, self._unavailable = name, unavailable
         self.inaccurate, self.broken = list(inaccurate), set(broken)
+        self.cute_factor = cute_factor
         self.measured, self.checked = [], []
 
     def unavailable(self):
         return self._unavailable
+
+    def backend_unavailable(self, backend, query):
+        return "no CuTe build here" if self.cute_factor is None else None
 
     def identity(self):
         return {"kind": "fake", "device": "fake:0", "name": self.name}
@@ -72,6 +78,11 @@ class FakeRunner:
         self.measured.append((query.id, list(configs), warmup, reps))
         timed = []
         for config in configs:
+            if getattr(config, "backend", "triton") == "cute":
+                triton = [c for c in configs if not hasattr(c, "backend")]
+                ms = fake_ms(query, best(query, triton)) * self.cute_factor
+                timed.append(Timed([ms] * reps, None, 3))
+                continue
             if config.block_v in self.broken:
                 timed.append(Timed([], "OutOfResources: out of resource: shared memory", 3))
                 continue

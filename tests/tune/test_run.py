@@ -4,6 +4,7 @@ in the catalog and AUTO resolves plans from it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 
@@ -139,7 +140,62 @@ def test_the_profile_of_another_device_is_not_overwritten(tmp_path, tiny):
 def test_a_profile_named_unlike_the_device_is_noted(tmp_path, tiny):
     run, result = tune(tmp_path, tiny, out=tmp_path / "mine.json")
     assert result.ok and run.notes == [
-        "the catalog looks for nvidia-h200.json; this profile is named mine.json"]
+        "the catalog looks for nvidia-h200.json; this profile is named mine.json",
+        "the cute backend was not timed for 64x1x(2x32)-C4-precomputed: no CuTe build here"]
+
+
+def test_another_backend_wins_an_entry_only_faster_by_min_gain_and_checked(tmp_path, tiny):
+    """The CuTe backend timed beside the Triton candidates: the entry keeps the Triton winner
+    as its config and names the backend "auto" plans run."""
+    from kdabench.kernels.config import CuteConfig
+
+    cases = {0.5: "cute", 0.99: "triton", 2.0: "triton"}  # min_gain is 3%
+    for factor, expected in cases.items():
+        out = tmp_path / f"{factor}" / "nvidia-h200.json"
+        runner = FakeRunner(cute_factor=factor)
+        run, result = tune(tmp_path, tiny, runner, out=out)
+        assert result.ok and not any("cute" in note for note in run.notes)
+        profile = find_profile(H200, out.parent)
+        for query, record in zip(tiny.queries, result.records, strict=True):
+            entry = profile.lookup(query.catalog_query())
+            triton_best = best(query, candidates(query, tiny.grid).configs)
+            assert entry.config == triton_best and record["backend"] == entry.backend == expected
+            [cute] = entry.measurements["backends"]
+            assert cute["backend"] == "cute" and cute["speedup_over_triton"] == \
+                pytest.approx(1 / factor)
+            assert (cute["oracle"] is not None) == (expected == "cute")
+            assert runner.measured[-1][1][-1] == CuteConfig()  # timed in the same measure()
+            auto = resolve_config(query.caps("cpu"), device_name=H200, directory=out.parent)
+            assert auto.backend == expected
+            triton = resolve_config(dataclasses.replace(query.caps("cpu"), backend="triton"),
+                                    device_name=H200, directory=out.parent)
+            assert (triton.backend, triton.config) == ("triton", triton_best)
+
+    # faster, but off the float64 recurrence: Triton keeps the query
+    runner = FakeRunner(cute_factor=0.5, inaccurate=[CuteConfig()])
+    _, result = tune(tmp_path, tiny, runner, out=tmp_path / "bad" / "nvidia-h200.json")
+    profile = find_profile(H200, tmp_path / "bad")
+    for query in tiny.queries:
+        entry = profile.lookup(query.catalog_query())
+        assert entry.backend == "triton"
+        assert entry.measurements["backends"][0]["oracle"]["ok"] is False
+
+
+@pytest.mark.parametrize("backends, fragment", [
+    (("cute",), "--backends cute: give some of triton, cute, triton among them"),
+    (("triton", "tpu"), "--backends triton,tpu: give some of triton, cute"),
+])
+def test_backends_must_include_triton_and_be_known(tmp_path, tiny, backends, fragment):
+    with pytest.raises(TuneError, match=fragment):
+        Tune(tiny, runner=FakeRunner(), out=tmp_path / "nvidia-h200.json", backends=backends)
+
+
+def test_only_triton_when_asked(tmp_path, tiny):
+    runner = FakeRunner(cute_factor=0.5)
+    _, result = tune(tmp_path, tiny, runner, backends=["triton"])
+    assert result.ok and all(r["backend"] == "triton" for r in result.records)
+    assert all(len(m[1]) == len(candidates(q, tiny.grid).configs)
+               for m, q in zip(runner.measured, tiny.queries, strict=True))
 
 
 def test_an_interrupted_run_leaves_a_partial_profile(tmp_path, tiny):
