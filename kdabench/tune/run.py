@@ -120,6 +120,7 @@ class Tune:
     def _existing_entries(self) -> dict[Any, dict[str, Any]]:
         """Entries of the profile at `out` for queries this run does not tune."""
         from kdabench.kernels import KdaPolicyError, KdaQuery
+        from kdabench.kernels.catalog import config_to_dict
         from kdabench.kernels.profiles import load_profile
 
         if not self.out.exists():
@@ -137,8 +138,10 @@ class Tune:
         kept = {}
         for raw in profile.document["entries"]:
             query = KdaQuery.from_dict(raw["query"])
-            if query not in tuned:
-                kept[query] = raw
+            if query not in tuned:  # as loaded: an older config schema's fields filled in
+                entry = profile.entries[query]
+                kept[query] = {**raw, "config": config_to_dict(entry.config),
+                               "backend": entry.backend}
         if kept:
             self.notes.append(f"kept {len(kept)} entries of {self.out} for queries this run "
                               "does not tune")

@@ -118,6 +118,33 @@ def test_entries_for_other_queries_are_kept(tmp_path, tiny):
     assert {q.capacity for q in profile.entries} == {1, 4} and len(profile.entries) == 4
 
 
+def test_entries_of_an_older_config_schema_are_kept_migrated(tmp_path, tiny):
+    """A profile of config schema v1 (no `segments`) loads; a run that tunes other queries
+    keeps its entries with the migrated field, so the profile it writes loads again."""
+    from kdabench.kernels.catalog import CATALOG, KdaQuery
+    from kdabench.kernels.profiles import profile_document
+
+    first = parse_queries(TINY_QUERIES.replace("capacities = [4, 1]", "capacities = [4]"))
+    old = KernelConfig(block_v=32, num_warps=8)
+    v1 = {k: v for k, v in dataclasses.asdict(old).items() if k != "segments"}
+    schema = CATALOG["kda_prefill"].schema()
+    del schema["config"]["fields"]["segments"]
+    schema["config"]["version"] = 1
+    document = profile_document(H200, [{"query": q.catalog_query().to_dict(), "config": v1,
+                                        "measurements": {}} for q in first.queries])
+    document["schema"] = schema
+    path = tmp_path / "nvidia-h200.json"
+    path.write_text(json.dumps(document))
+    second = parse_queries(TINY_QUERIES.replace("capacities = [4, 1]", "capacities = [1]"))
+    run, result = tune(tmp_path, second)
+    assert result.ok and any("kept 2 entries" in note for note in run.notes)
+    profile = load_profile(path)
+    assert len(profile.entries) == 4
+    for query in first.queries:
+        entry = profile.lookup(KdaQuery.from_dict(query.catalog_query().to_dict()))
+        assert entry.config == old and entry.backend == "triton"
+
+
 def test_a_stale_profile_is_replaced_with_a_note(tmp_path, tiny):
     path = tmp_path / "nvidia-h200.json"
     path.write_text(json.dumps({"format": "kdabench.profile.v1", "schema": {}}))
