@@ -25,8 +25,9 @@ same calls with export on or off: export adds only the kernel's checkpoint write
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -157,6 +158,7 @@ class PromptPrefill:
     computed_tokens: int
     checkpoints_exported: int  # block-boundary states cached besides the prompt-end state
     kernel_calls: int
+    timing: Mapping[str, float] = field(default_factory=dict)  # ms per phase (server_timing)
 
 
 @dataclass(frozen=True)
@@ -321,6 +323,7 @@ class Engine:
         """Prefill a prompt, resuming from the cache and filling it (see the module docstring)."""
         if not tokens:
             raise ValueError("a prompt needs at least one token")
+        began = time.perf_counter()
         data = bytes(tokens)
         hit = cache.lookup(data)
         calls = plan_prefill_calls(
@@ -341,6 +344,7 @@ class Engine:
             previous = final
         meta = self._upload([s.row(c.stop - c.start) for c, s in zip(calls, plan)])
         token_tensor = torch.tensor(list(tokens), dtype=torch.int64).to(self.device)
+        planned = time.perf_counter()
         x = None
         for index, (call, slots) in enumerate(zip(calls, plan)):
             x = self._run_call(
@@ -354,14 +358,18 @@ class Engine:
         except RuntimeError:
             cache.release(reserved)
             raise
+        computed = time.perf_counter()  # the error check waited for the device
         keys = prefix_digests(data, slot_of)
         for position, slot in slot_of.items():
             cache.commit(keys[position], position, slot)
+        done = time.perf_counter()
         return PromptPrefill(
             logits=logits, state=cache.state(previous), prompt_tokens=len(tokens),
             cached_tokens=hit.length, computed_tokens=len(tokens) - hit.length,
             checkpoints_exported=len(slot_of) - (len(tokens) in slot_of),
             kernel_calls=len(calls),
+            timing={"lookup_ms": (planned - began) * 1e3, "compute_ms": (computed - planned) * 1e3,
+                    "commit_ms": (done - computed) * 1e3},
         )  # fmt: skip
 
     @torch.inference_mode()

@@ -196,11 +196,13 @@ def chat_logprobs(tokens: list[GeneratedToken]) -> dict[str, Any]:
     }
 
 
-def server_side(prefilled: PromptPrefill) -> dict[str, int]:
-    """What the server did for the prompt (an extension field beside `usage`)."""
+def server_side(prefilled: PromptPrefill) -> dict[str, Any]:
+    """What the server did for the prompt and how long each part took (an extension field
+    beside `usage`)."""
     return {
         "cached_tokens": prefilled.cached_tokens,
         "computed_tokens": prefilled.computed_tokens,
         "checkpoints_exported": prefilled.checkpoints_exported,
         "kernel_calls": prefilled.kernel_calls,
+        "server_timing": {name: round(ms, 3) for name, ms in prefilled.timing.items()},
     }

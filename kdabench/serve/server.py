@@ -23,7 +23,11 @@ role-only chunk, sent before the prefill (as servers do): it must not stop a TTF
 Log lines (stderr, flushed; what activation patterns match):
 
     kdabench-local: listening on http://HOST:PORT checkpoint_export=on|off prefix_cache=on|off block_tokens=N device=D max_batched_tokens=N cache_gib=X model=P backend=B
-    kdabench-local: request id=ID prompt_tokens=N cached_tokens=M computed_tokens=C checkpoints_exported=K ttft_ms=X
+    kdabench-local: request id=ID prompt_tokens=N cached_tokens=M computed_tokens=C checkpoints_exported=K ttft_ms=X wait_ms=W lookup_ms=L compute_ms=P first_token_ms=F
+
+The same timings (ms from the request's arrival: wait for the model lock, cache lookup and
+call planning, the prefill's kernel calls to the device's end, the first greedy token) go to
+the response's `kdabench.server_timing`, which serve-sweep keeps with each sample.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from http.server import ThreadingHTTPServer
 from typing import Any, TextIO
 
@@ -171,17 +176,24 @@ class LocalServer:
         """
         request_id = f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         with self.lock:
+            locked = time.perf_counter()
             if before_prefill is not None:
                 before_prefill(request_id)
             prefilled = self.engine.prefill_prompt(request.tokens, self.cache, self.settings)
+            prefilled_at = time.perf_counter()
             tokens = self.engine.generate(prefilled, request.max_tokens, request.logprobs or 0)
             first = next(tokens)
-            ttft_ms = (time.perf_counter() - started) * 1e3
+            now = time.perf_counter()
+            ttft_ms = (now - started) * 1e3
+            timing = {"ttft_ms": ttft_ms, "wait_ms": (locked - started) * 1e3,
+                      **prefilled.timing, "first_token_ms": (now - prefilled_at) * 1e3}
+            prefilled = replace(prefilled, timing=timing)
             self.log(
                 f"request id={request_id} prompt_tokens={prefilled.prompt_tokens} "
                 f"cached_tokens={prefilled.cached_tokens} "
                 f"computed_tokens={prefilled.computed_tokens} "
-                f"checkpoints_exported={prefilled.checkpoints_exported} ttft_ms={ttft_ms:.1f}"
+                f"checkpoints_exported={prefilled.checkpoints_exported} "
+                + " ".join(f"{name}={value:.1f}" for name, value in timing.items())
             )
             self.metrics.add(
                 queries=prefilled.prompt_tokens,

@@ -107,6 +107,7 @@ class Completion:
     completion_tokens: int | None = None
     cached_tokens: int | None = None  # None: the server did not report it
     finish_reason: str | None = None
+    server_timing: dict[str, float] | None = None  # ms per phase, where the server says
 
 
 @dataclass
@@ -407,6 +408,11 @@ class ServerClient:
 
     @staticmethod
     def _absorb(result: Completion, chunk: dict[str, Any], at_s: float) -> None:
+        extension = chunk.get("kdabench")  # the embedded server's own account of the request
+        if isinstance(extension, dict) and isinstance(extension.get("server_timing"), dict):
+            result.server_timing = {str(k): float(v) for k, v in
+                                    extension["server_timing"].items()
+                                    if isinstance(v, (int, float))}
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             result.prompt_tokens = usage.get("prompt_tokens", result.prompt_tokens)

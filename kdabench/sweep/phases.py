@@ -177,6 +177,7 @@ def _timed_record(state: ArmState, size: int, **extra: Any) -> dict[str, Any]:
     record = {
         **extra,
         "ttft_ms": _ms(completion.ttft_s),
+        "server_timing": completion.server_timing,
         "total_ms": _ms(completion.total_s),
         "prompt_tokens": completion.prompt_tokens,  # as the server's usage reports them
         "asked_tokens": size,
@@ -290,6 +291,7 @@ def _shared_prefix_pair(state: ArmState, total: int, shared: int, warmup: bool) 
         "p2_cached_tokens": p2_evidence.count,
         "p2_metrics_hits_delta": p2_evidence.hits_delta,
         "p2_cache_evidence": p2_evidence.state,
+        "p1_server_timing": p1.server_timing, "p2_server_timing": p2.server_timing,
     })
 
 

@@ -26,8 +26,10 @@ LISTENING = re.compile(
 )
 REQUEST = re.compile(
     r"kdabench-local: request id=(\S+) prompt_tokens=(\d+) cached_tokens=(\d+) "
-    r"computed_tokens=(\d+) checkpoints_exported=(\d+) ttft_ms=[\d.]+"
+    r"computed_tokens=(\d+) checkpoints_exported=(\d+) ttft_ms=[\d.]+ wait_ms=[\d.]+ "
+    r"lookup_ms=[\d.]+ compute_ms=[\d.]+ commit_ms=[\d.]+ first_token_ms=[\d.]+"
 )
+TIMING = ("ttft_ms", "wait_ms", "lookup_ms", "compute_ms", "commit_ms", "first_token_ms")
 
 
 class Served:
@@ -145,6 +147,10 @@ def test_streaming_completion(served):
         "total_tokens": 305,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
+    timing = usage["kdabench"]["server_timing"]  # the phases of the TTFT, in ms
+    assert tuple(timing) == TIMING and all(value >= 0 for value in timing.values())
+    parts = sum(timing[name] for name in TIMING[1:])
+    assert parts <= timing["ttft_ms"] + 0.01 and timing["compute_ms"] > 0
     assert served.last_request() == {
         "prompt_tokens": 300,
         "cached_tokens": 0,

@@ -297,6 +297,13 @@ def test_embedded_server_shared_prefix_reuses_checkpoints(tmp_path: Path) -> Non
     assert cases["shared-prefix/final-only/2048"]["p2_cached_tokens"] == [0]
     assert cases["shared-prefix/final-only/2048"]["shared_tokens"] == 1536
     assert "shared-prefix/checkpoints/4096" not in cases
+    # the server's account of each TTFT is kept with the sample: a resumed P2 computes less
+    pair = cases["shared-prefix/checkpoints/2048"]["samples"][0]
+    assert set(pair["p2_server_timing"]) == {"ttft_ms", "wait_ms", "lookup_ms", "compute_ms",
+                                             "commit_ms", "first_token_ms"}
+    assert pair["p2_server_timing"]["compute_ms"] < pair["p1_server_timing"]["compute_ms"]
+    cold = cases["cold/checkpoints/2048"]["samples"][0]
+    assert cold["server_timing"]["ttft_ms"] <= cold["ttft_ms"]
     assert receipt["config"]["shared_prefix_skipped"] == [{
         "total_tokens": 4096, "shared_tokens": 2048,
         "reason": "4096 tokens is longer than the largest prompt size, 2048"}]
