@@ -159,6 +159,30 @@ class PromptPrefill:
     checkpoints_exported: int  # block-boundary states cached besides the prompt-end state
     kernel_calls: int
     timing: Mapping[str, float] = field(default_factory=dict)  # ms per phase (server_timing)
+    compute_detail: Mapping[str, float] = field(default_factory=dict)  # ms inside compute_ms
+
+
+class DeviceClock:
+    """The device's own time for the work queued between construction and `stop()` (CUDA
+    events; nothing elsewhere). Set against the host's time, it says whether a slow prefill
+    waited for the GPU or the GPU waited for the host."""
+
+    def __init__(self, device: torch.device):
+        self._events = None
+        if device.type == "cuda":
+            self._events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(2))
+            self._events[0].record()
+
+    def stop(self) -> None:
+        if self._events is not None:
+            self._events[1].record()
+
+    def elapsed(self) -> dict[str, float]:
+        """{"device_ms": ms} once the device passed `stop()` (synchronises), else {}."""
+        if self._events is None:
+            return {}
+        self._events[1].synchronize()
+        return {"device_ms": self._events[0].elapsed_time(self._events[1])}
 
 
 @dataclass(frozen=True)
@@ -345,6 +369,7 @@ class Engine:
         meta = self._upload([s.row(c.stop - c.start) for c, s in zip(calls, plan)])
         token_tensor = torch.tensor(list(tokens), dtype=torch.int64).to(self.device)
         planned = time.perf_counter()
+        clock = DeviceClock(self.device)
         x = None
         for index, (call, slots) in enumerate(zip(calls, plan)):
             x = self._run_call(
@@ -353,6 +378,8 @@ class Engine:
             )  # fmt: skip
         assert x is not None
         logits = self.model.logits(x)[0]
+        clock.stop()
+        enqueued = time.perf_counter()
         try:
             self._check_errors()
         except RuntimeError:
@@ -370,6 +397,7 @@ class Engine:
             kernel_calls=len(calls),
             timing={"lookup_ms": (planned - began) * 1e3, "compute_ms": (computed - planned) * 1e3,
                     "commit_ms": (done - computed) * 1e3},
+            compute_detail={"enqueue_ms": (enqueued - planned) * 1e3, **clock.elapsed()},
         )  # fmt: skip
 
     @torch.inference_mode()

@@ -23,11 +23,14 @@ role-only chunk, sent before the prefill (as servers do): it must not stop a TTF
 Log lines (stderr, flushed; what activation patterns match):
 
     kdabench-local: listening on http://HOST:PORT checkpoint_export=on|off prefix_cache=on|off block_tokens=N device=D max_batched_tokens=N cache_gib=X model=P backend=B
-    kdabench-local: request id=ID prompt_tokens=N cached_tokens=M computed_tokens=C checkpoints_exported=K ttft_ms=X wait_ms=W lookup_ms=L compute_ms=P first_token_ms=F
+    kdabench-local: request id=ID prompt_tokens=N cached_tokens=M computed_tokens=C checkpoints_exported=K ttft_ms=X wait_ms=W lookup_ms=L compute_ms=P commit_ms=M first_token_ms=F [compute_enqueue_ms=E compute_device_ms=G] gc_ms=C gc_collections=N
 
-The same timings (ms from the request's arrival: wait for the model lock, cache lookup and
-call planning, the prefill's kernel calls to the device's end, the first greedy token) go to
-the response's `kdabench.server_timing`, which serve-sweep keeps with each sample.
+The same timings go to the response's `kdabench.server_timing`, which serve-sweep keeps with
+each sample: the phases of the TTFT (ms from the request's arrival: the wait for the model
+lock, cache lookup and call planning, the prefill's kernel calls to the device's end, the
+cache commit, the first greedy token), then two parts of compute_ms (the host's time to queue
+the calls; on CUDA, the device's time for them) and the garbage collector's time within the
+request. A compute_ms well over the device's time is a host stall.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from typing import Any, TextIO
 import kdabench
 
 from .engine import GeneratedToken, PromptPrefill
+from .gc_clock import GcClock
 from .handler import handler_for
 from .metrics import Metrics
 from .model import MODEL_ID
@@ -79,6 +83,7 @@ class LocalServer:
         self.device, self.model = self.runtime.device, self.runtime.model
         self.engine, self.cache = self.runtime.engine, self.runtime.cache
         self.metrics = Metrics(self.cache)
+        self.gc_clock = GcClock()
         self.lock = threading.Lock()  # one request on the model at a time
         self._log = log
         self._warm_up()
@@ -109,6 +114,7 @@ class LocalServer:
         print(f"{SERVER_NAME}: {line}", file=stream, flush=True)
 
     def start(self) -> LocalServer:
+        self.gc_clock.install()
         self._thread.start()
         s = self.settings
         self.log(
@@ -124,6 +130,7 @@ class LocalServer:
         if self._thread.is_alive():
             self.httpd.shutdown()
             self._thread.join(timeout=10)
+            self.gc_clock.remove()
         self.httpd.server_close()
 
     def __enter__(self):  # -> Self
@@ -175,6 +182,7 @@ class LocalServer:
         `started` is the request's arrival (time.perf_counter()): ttft_ms counts from it.
         """
         request_id = f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        gc_before = self.gc_clock.reading()
         with self.lock:
             locked = time.perf_counter()
             if before_prefill is not None:
@@ -185,8 +193,12 @@ class LocalServer:
             first = next(tokens)
             now = time.perf_counter()
             ttft_ms = (now - started) * 1e3
+            gc_after = self.gc_clock.reading()
             timing = {"ttft_ms": ttft_ms, "wait_ms": (locked - started) * 1e3,
-                      **prefilled.timing, "first_token_ms": (now - prefilled_at) * 1e3}
+                      **prefilled.timing, "first_token_ms": (now - prefilled_at) * 1e3,
+                      **{f"compute_{name}": ms for name, ms in prefilled.compute_detail.items()},
+                      "gc_ms": gc_after[0] - gc_before[0],
+                      "gc_collections": float(gc_after[1] - gc_before[1])}
             prefilled = replace(prefilled, timing=timing)
             self.log(
                 f"request id={request_id} prompt_tokens={prefilled.prompt_tokens} "
