@@ -1,5 +1,5 @@
 """What a receipt says of the kernel config a case ran with: the config, its source, the mode,
-and for the Triton split pipeline the ranges of chunks it runs in."""
+the backend that ran it, and for the Triton split pipeline the ranges of chunks it runs in."""
 
 from __future__ import annotations
 
@@ -32,8 +32,10 @@ def split_ranges(plan: Any) -> dict[str, int] | None:
 
 def plan_record(plan: Any) -> dict[str, Any]:
     """The record of a plan: its config, where it came from, the mode it was resolved under,
-    and ``split_ranges`` where the split pipeline runs (see :func:`split_ranges`)."""
+    the backend that runs it (what "auto" resolved to), and ``split_ranges`` where the split
+    pipeline runs (see :func:`split_ranges`)."""
     record = config_record(plan.config, plan.config_source, plan.policy_mode)
+    record["backend"] = plan.caps.backend
     ranges = split_ranges(plan)
     if ranges is not None:
         record["split_ranges"] = ranges

@@ -157,7 +157,7 @@ class FakeBackend:
         return Ceilings(4.0e12, 7.0e14, {"copy": {"samples_ms": [1.0]}})
 
     def prepare(self, shape, shapes, kernels, modes, gates, policy_mode=None,
-                baseline_policy=None, backends=("triton",)):
+                baseline_policy=None, backends=("auto",)):
         self.policy_modes.append(policy_mode)
         self.baseline_policies.append(baseline_policy)
         self.backends.append(list(backends))
@@ -207,10 +207,12 @@ class FakeBackend:
             if kernel == CUTE:
                 return {"kernel_config": {"backend": "cute", "threads": 128,
                                           "rows_per_thread": 16},
-                        "config_source": CUTE_SOURCE, "policy_mode": mode}
+                        "config_source": CUTE_SOURCE, "policy_mode": mode, "backend": "cute"}
             block_v = 16 if kernel == KDABENCH_BASELINE and shape.tokens == 64 else 32
+            ran = backends[0] if backends[0] != "auto" else (  # a fake profile's per-shape pick
+                "cute" if shape.tokens == 64 and kernel != KDABENCH_BASELINE else "triton")
             return {"kernel_config": {"block_v": block_v}, "config_source": f"fake ({mode})",
-                    "policy_mode": mode}
+                    "policy_mode": mode, "backend": ran}
 
         def release():
             self.released += 1
@@ -892,7 +894,7 @@ def test_a_baseline_policy_is_timed_and_recorded_beside_kdabench(tmp_path, tiny)
     assert first["policy_gain"] == {"eager": pytest.approx(1.2), "graph": pytest.approx(1.25)}
     assert first["kernel_configs"][KDABENCH_BASELINE] == {
         "kernel_config": {"block_v": 16}, "config_source": "fake (HEURISTIC_ONLY)",
-        "policy_mode": "HEURISTIC_ONLY"}
+        "policy_mode": "HEURISTIC_ONLY", "backend": "triton"}
     assert first["kernel_configs"][KDABENCH]["policy_mode"] == "AUTO"
     assert (first["same_config"], second["same_config"]) == (False, True)
     assert first["sanity"]["baseline_output"] == 0.0
@@ -973,7 +975,11 @@ def test_kdabench_runs_plan_under_the_policy_mode():
     assert plan_record(plan) == {
         "kernel_config": dataclasses.asdict(plan.config),
         "config_source": "heuristic (policy mode HEURISTIC_ONLY)",
-        "policy_mode": "HEURISTIC_ONLY"}
+        "policy_mode": "HEURISTIC_ONLY", "backend": "triton"}
+    # "auto" (the bench's default, kda_prefill's) resolves at plan time, and the record says to
+    # what: here no profile names another backend, so Triton
+    auto, _ = bench_cuda.kdabench_runs(kernels, sets, shape, 4, device, backend="auto")
+    assert plan_record(auto)["backend"] == "triton"
     with pytest.raises(kernels.KdaPolicyError, match="no profile entry for query v1 heads=1 "
                        "head_dim=64 dtype=bfloat16 capacity=4"):
         bench_cuda.kdabench_runs(kernels, sets, shape, 4, device, policy_mode="PREPLANNED_ONLY")
@@ -1218,10 +1224,13 @@ def test_a_second_backend_is_timed_on_the_same_inputs(tmp_path, tiny):
 def test_one_backend_has_no_backend_columns(tmp_path, tiny):
     backend = FakeBackend()
     result = run_fake(tmp_path, tiny, backend=backend, plot=False)
-    assert backend.backends == [["triton"]] * 2
+    assert backend.backends == [["auto"]] * 2  # the default: what kda_prefill runs
     receipt = load_receipt(result.receipt_path)
-    assert receipt["config"]["backends"] == ["triton"]
-    assert receipt["config"]["backend_kernels"] == {"triton": KDABENCH}
+    assert receipt["config"]["backends"] == ["auto"]
+    assert receipt["config"]["backend_kernels"] == {"auto": KDABENCH}
+    # each case says which backend "auto" resolved to for its shape
+    assert [case["kernel_configs"][KDABENCH]["backend"] for case in receipt["cases"]] == \
+        ["cute", "triton"]
     case = receipt["cases"][0]
     assert "backend_ratios" not in case and case["sanity"]["backend_output"] == {}
     assert "backends" not in receipt["config"]["bench_summary"]["per_mode"]["graph"]
@@ -1246,7 +1255,7 @@ def test_a_backend_whose_output_differs_fails_the_case(tmp_path, tiny):
     (["triton", "metal"], "'metal'"), (["Cute"], "'Cute'"), ([], "got nothing"),
 ], ids=["unknown", "case", "none"])
 def test_an_unknown_backend_is_refused(tiny, backends, fragment):
-    with pytest.raises(BenchError, match="--backends takes a comma-separated list of triton, "
+    with pytest.raises(BenchError, match="--backends takes a comma-separated list of auto, triton, "
                        "cute") as caught:
         Bench(tiny, backend=FakeBackend(), backends=backends)
     assert fragment in str(caught.value)
@@ -1258,7 +1267,7 @@ def test_a_backend_that_cannot_run_is_refused_before_any_shape(tmp_path, tiny):
     with pytest.raises(BenchError, match=f"--backends cute: {reason}"):
         Bench(tiny, backend=backend, out_dir=tmp_path, backends=["triton", "cute"])
     assert backend.backends == [] and not list(tmp_path.iterdir())
-    assert Bench(tiny, backend=backend, out_dir=tmp_path).backends == ["triton"]
+    assert Bench(tiny, backend=backend, out_dir=tmp_path).backends == ["auto"]
 
 
 def test_cuda_backend_asks_the_kernels_whether_a_backend_can_plan(monkeypatch, tiny):

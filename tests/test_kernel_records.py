@@ -25,7 +25,7 @@ def test_split_plans_record_their_ranges(max_tokens, max_seqs, ranges):
     p = planned(max_tokens, max_seqs, "split")
     assert plan_record(p) == {"kernel_config": dataclasses.asdict(p.config),
                               "config_source": "explicit", "policy_mode": p.policy_mode,
-                              "split_ranges": ranges}
+                              "backend": "triton", "split_ranges": ranges}
 
 
 def test_fused_plans_record_no_ranges():

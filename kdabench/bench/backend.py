@@ -33,7 +33,7 @@ FLA = "fla"
 CUDNN = "cudnn"
 PEERS = (FLA, CUDNN)  # other KDA kernels timed beside kdabench (--against)
 MODES = ("eager", "graph")
-DEFAULT_BACKENDS = ("triton",)
+DEFAULT_BACKENDS = ("auto",)  # what kda_prefill runs with default options
 
 
 def import_failure(package: str, error: Exception, extra: str, purpose: str) -> str:

@@ -95,13 +95,17 @@ def baseline_policy(mode: str | None, policy: str) -> str | None:
 
 
 def kernel_backends(names: Sequence[str]) -> list[str]:
-    """The kernel backends to time, first one first, each once; an unknown name refused."""
-    from kdabench.kernels.config import BACKENDS
+    """The kernel backends to time, first one first, each once; an unknown name refused.
+
+    "auto" is what `kda_prefill` does with default options: per shape, the backend the
+    device's profile measured fastest (the case records which one ran)."""
+    from kdabench.kernels.config import AUTO_BACKEND, BACKENDS
 
     names = list(dict.fromkeys(names))
-    bad = [name for name in names if name not in BACKENDS]
+    known = (AUTO_BACKEND, *BACKENDS)
+    bad = [name for name in names if name not in known]
     if bad or not names:
-        raise BenchError(f"--backends takes a comma-separated list of {', '.join(BACKENDS)} "
+        raise BenchError(f"--backends takes a comma-separated list of {', '.join(known)} "
                          f"(the first one's columns are kdabench's), got "
                          f"{', '.join(map(repr, bad)) if bad else 'nothing'}")
     return names

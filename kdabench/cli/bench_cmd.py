@@ -16,6 +16,7 @@ from rich.table import Table
 
 from kdabench.cli.errors import Finding, print_error, user_errors
 from kdabench.cli.progress import run_cases_with_progress
+from kdabench.kernels.contract import AUTO_BACKEND
 
 TABLE_WIDTH = 150
 BACKEND_COLUMNS_WIDTH = 45  # the four columns of each further backend
@@ -60,12 +61,14 @@ QUICK = {"shapes": "quick", "modes": "graph", "reps": 20}  # what --quick sets, 
 @click.option("--modes", "modes_text", metavar="eager,graph", default=None,
               help="Timing modes: eager calls, CUDA-graph replays, or both. Default: "
               "eager,graph (graph with --quick).")
-@click.option("--backends", "backends_text", metavar="triton,cute", default="triton",
+@click.option("--backends", "backends_text", metavar="auto,triton,cute", default="auto",
               show_default=True,
               help="Kernel backends to time, comma-separated: the first one's plans are the "
               "kdabench columns (capacity 4 and 1, export overhead, baseline); each further one "
               "adds a column kdabench-<backend> (capacity 4) on the same inputs, with fla/it, "
-              "first/it and its output against the first's.")
+              "first/it and its output against the first's. auto: per shape, the backend the "
+              "device's profile measured fastest, as kda_prefill with default options runs "
+              "(the 'runs on' column names it).")
 @click.option("--reps", type=int, default=None,
               help="Timed samples per kernel, mode and case (the median is reported; every "
               "sample is kept in the receipt). Default: 100 (20 with --quick).")
@@ -114,9 +117,11 @@ def bench(shapes_spec: str | None, quick: bool, gates_text: str, against: str,
     kernel config and where it came from. For a quick check while working on a kernel:
     --quick. To see whether the tuning profile beats the heuristic in one run:
     --baseline-policy HEURISTIC_ONLY (with the default --policy-mode AUTO).
-    To time the Triton and the CuTe backends beside fla in one run: --backends triton,cute
-    (the cute column's config source says whether its kernels came from an ahead-of-time
-    build or a JIT compile). To see where each kernel's GPU time goes, kernel by kernel:
+    By default kdabench runs as kda_prefill does with default options (--backends auto): per
+    shape, the backend the device's profile measured fastest; the 'runs on' column and each
+    case's kernel_configs name it. To time the Triton and the CuTe backends beside it in one
+    run: --backends auto,triton,cute (the cute column's config source says whether its
+    kernels came from an ahead-of-time build or a JIT compile). To see where each kernel's GPU time goes, kernel by kernel:
     --breakdown 10. A run too long for one sitting splits into shards: --shard 1/2 and
     --shard 2/2, joined with `kdabench merge`.
 
@@ -190,8 +195,9 @@ def _baseline_words(baseline: str | None) -> str:
 
 
 def _config_sources(result, heading: str, kernels: Container[str]) -> str:
-    """One line: how many plans of ``kernels`` took their config from where."""
+    """One line: how many plans of ``kernels`` took their config from where, on which backend."""
     counts: dict[str, int] = {}
+    backends: dict[str, int] = {}
     for case in result.cases:
         for kernel, entry in (case.get("kernel_configs") or {}).items():
             if kernel not in kernels:
@@ -199,8 +205,17 @@ def _config_sources(result, heading: str, kernels: Container[str]) -> str:
             source = str(entry.get("config_source") or "unknown")
             kind = source.split(" (")[0]  # "profile nvidia-h200.json", "heuristic", "explicit"
             counts[kind] = counts.get(kind, 0) + 1
+            backend = str(entry.get("backend") or "unknown")
+            backends[backend] = backends.get(backend, 0) + 1
     found = ", ".join(f"{count} from {escape(kind)}" for kind, count in counts.items())
-    return f"{heading}: kernel configs {found or 'not recorded'}"
+    ran = ", ".join(f"{count} on {escape(name)}" for name, count in backends.items())
+    return f"{heading}: kernel configs {found or 'not recorded'}" + (f" ({ran})" if ran else "")
+
+
+def _runs_on(case: dict[str, Any]) -> str:
+    """The backend an "auto" plan of the case resolved to (kdabench's, capacity 4)."""
+    entry = (case.get("kernel_configs") or {}).get("kdabench") or {}
+    return escape(str(entry.get("backend") or "-"))
 
 
 def _gain(case: dict[str, Any], mode: str) -> str:
@@ -242,7 +257,9 @@ def _render(console: Console, result) -> None:
     first, *others = config["backends"]
     further = {name: config["backend_kernels"][name] for name in others}
     cudnn = "cudnn" in config.get("kernels", [])
-    columns = ["fla ms", "kdabench ms", "c1 ms", "fla/kdabench", "export ovh", "floor ms",
+    auto = first == AUTO_BACKEND
+    columns = (["runs on"] if auto else []) + [
+               "fla ms", "kdabench ms", "c1 ms", "fla/kdabench", "export ovh", "floor ms",
                "to floor", "Mtok/s", "out err"] + (["policy gain"] if baseline else [])
     columns += ["cudnn ms", "cudnn/kdabench", "cudnn err"] if cudnn else []
     for name in further:
@@ -275,6 +292,7 @@ def _render(console: Console, result) -> None:
             table.add_row(
                 escape(case["shape"]) if index == 0 else "",
                 escape(case["gates"]["name"]) if index == 0 else "", mode,
+                *([_runs_on(case) if index == 0 else ""] if auto else []),
                 _ms(kernels.get("fla", {}).get("median_ms")), _ms(ours.get("median_ms")),
                 _ms(kernels.get("kdabench-c1", {}).get("median_ms")),
                 _times((case.get("ratio_fla_over_kdabench") or {}).get(mode)),

@@ -221,7 +221,12 @@ def test_default_backend_adds_no_column(monkeypatch, tmp_path, shapes_file):
     use_backend(monkeypatch)
     result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--no-plot")
     assert result.exit_code == 0, result.output
-    assert "cute" not in result.stdout and "backends triton ·" in result.stderr
+    assert "kdabench-cute" not in result.stdout and "backends auto ·" in result.stderr
+    # "auto" picks per shape (the fake profile: the CuTe backend at 64 tokens, else Triton)
+    rows = [line.split() for line in result.stdout.splitlines() if line.lstrip()[:2] in
+            ("64", "12")]
+    assert [row[3] for row in rows if row[2] == "eager"] == ["cute", "cute", "triton", "triton"]
+    assert "policy AUTO: kernel configs 8 from fake (4 on cute, 4 on triton)" in result.stdout
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -230,7 +235,7 @@ def test_default_backend_adds_no_column(monkeypatch, tmp_path, shapes_file):
 def test_bad_backends_exit_2(monkeypatch, tmp_path, shapes_file, text, fragment):
     use_backend(monkeypatch)
     result = invoke("bench", "--shapes", shapes_file, "--out", tmp_path, "--backends", text)
-    assert_one_line_error(result, 2, "--backends takes a comma-separated list of triton, cute",
+    assert_one_line_error(result, 2, "--backends takes a comma-separated list of auto, triton, cute",
                           fragment)
     assert not list(tmp_path.glob("bench-*.json"))
 
