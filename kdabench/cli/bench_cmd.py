@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kdabench.bench.backend import KDABENCH
 from kdabench.cli.errors import Finding, print_error, user_errors
 from kdabench.cli.progress import run_cases_with_progress
 from kdabench.kernels.contract import AUTO_BACKEND
@@ -121,8 +122,8 @@ def bench(shapes_spec: str | None, quick: bool, gates_text: str, against: str,
     shape, the backend the device's profile measured fastest; the 'runs on' column and each
     case's kernel_configs name it. To time the Triton and the CuTe backends beside it in one
     run: --backends auto,triton,cute (the cute column's config source says whether its
-    kernels came from an ahead-of-time build or a JIT compile). To see where each kernel's GPU time goes, kernel by kernel:
-    --breakdown 10. A run too long for one sitting splits into shards: --shard 1/2 and
+    kernels came from an ahead-of-time build or a JIT compile). To see where each kernel's
+    GPU time goes, kernel by kernel: --breakdown 10. A run too long for one sitting splits into shards: --shard 1/2 and
     --shard 2/2, joined with `kdabench merge`.
 
     Exit 0 when it ran (speed targets are reported, not asserted); 1 when a sanity or replay
@@ -214,7 +215,7 @@ def _config_sources(result, heading: str, kernels: Container[str]) -> str:
 
 def _runs_on(case: dict[str, Any]) -> str:
     """The backend an "auto" plan of the case resolved to (kdabench's, capacity 4)."""
-    entry = (case.get("kernel_configs") or {}).get("kdabench") or {}
+    entry = (case.get("kernel_configs") or {}).get(KDABENCH) or {}
     return escape(str(entry.get("backend") or "-"))
 
 
