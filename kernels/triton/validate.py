@@ -22,11 +22,6 @@ OFFSET_BIT = tl.constexpr(int(MetadataFault.BAD_CHECKPOINT_OFFSET))
 
 
 @triton.jit
-def _any(mask):
-    return tl.max(mask.to(tl.int32), axis=0) > 0
-
-
-@triton.jit
 def _write_slot(final_idx, ck_idx, w, owner_count, CK: tl.constexpr):
     """Slot of write destination w (w = n * (1 + CK) + j; j = 0 final, j >= 1 checkpoint j - 1)."""
     n = w // (1 + CK)
@@ -55,7 +50,7 @@ def kda_validate_kernel(
     BLOCK: tl.constexpr,
 ):
     num_seqs = tl.load(num_seqs_ptr).to(tl.int64)
-    err = tl.zeros((), dtype=tl.int32)
+    err = tl.full((), 0, tl.int32)
     if (num_seqs < 1) | (num_seqs > meta_capacity):
         err = err | LENGTHS_BIT
     else:
@@ -65,48 +60,50 @@ def kda_validate_kernel(
         last = tl.load(cu_seqlens + num_seqs).to(tl.int64)
         if (first != 0) | (last > token_capacity):
             err = err | LENGTHS_BIT
-        chunks_before = tl.zeros((), dtype=tl.int32)
+        # Each rule's failures accumulate elementwise over the blocks, each bit is reduced once:
+        # a reduction per rule and block is a branch and a barrier on the GPU, and under the
+        # interpreter a nested call apiece (the CPU fuzz's main cost).
+        bad_length = tl.full((BLOCK,), 0, tl.int32)
+        bad_slot = tl.full((BLOCK, CK), 0, tl.int32)
+        bad_offset = tl.full((BLOCK, CK, CK), 0, tl.int32)
+        # Active offsets strictly increasing: no active pair i < j with offset i >= offset j.
+        earlier = rck[:, None] < rck[None, :]
+        chunks_before = tl.full((), 0, tl.int32)
         for n0 in range(0, num_seqs, BLOCK):
             n = n0 + rb
             live = n < num_seqs
             bos = tl.load(cu_seqlens + n, mask=live, other=0).to(tl.int64)
             eos = tl.load(cu_seqlens + n + 1, mask=live, other=0).to(tl.int64)
             seqlen = eos - bos
-            if _any(live & (seqlen < 0)):
-                err = err | LENGTHS_BIT
+            bad_length = bad_length | (live & (seqlen < 0)).to(tl.int32)
             chunks = tl.where(live, (tl.maximum(seqlen, 0) + CHUNK - 1) // CHUNK, 0).to(tl.int32)
             inclusive = tl.cumsum(chunks, axis=0)
             tl.store(chunk_offsets + n, chunks_before + inclusive - chunks, mask=live)
             chunks_before += tl.sum(chunks, axis=0)
             init = tl.load(init_idx + n, mask=live, other=NULL).to(tl.int64)
             final = tl.load(final_idx + n, mask=live, other=NULL).to(tl.int64)
-            bad_slot = (init < NULL) | (init >= num_slots) | (final < NULL) | (final >= num_slots)
-            if _any(live & bad_slot):
-                err = err | RANGE_BIT
+            row_slot = (init < NULL) | (init >= num_slots) | (final < NULL) | (final >= num_slots)
             cmask = live[:, None] & (rck[None, :] < CK)
             offs = tl.load(ck_off + n[:, None] * CK + rck[None, :], mask=cmask, other=0).to(tl.int64)
             slots = tl.load(ck_idx + n[:, None] * CK + rck[None, :], mask=cmask,
                             other=NULL).to(tl.int64)
-            if _any(tl.reshape(cmask & ((slots < NULL) | (slots >= num_slots)), (BLOCK * CK,))):
-                err = err | RANGE_BIT
+            slot_range = (live & row_slot)[:, None] | (cmask & ((slots < NULL) | (slots >= num_slots)))
+            bad_slot = bad_slot | slot_range.to(tl.int32)
             active = cmask & (slots != NULL)
             outside = (offs < 1) | (offs > seqlen[:, None] - 1)
-            if _any(tl.reshape(active & outside, (BLOCK * CK,))):
-                err = err | OFFSET_BIT
-            # Active offsets strictly increasing: each one above the largest active one before it.
-            prev = tl.full((BLOCK,), -1, tl.int64)
-            for c in tl.static_range(CK):
-                off_c = tl.sum(tl.where(rck[None, :] == c, offs, 0), axis=1)
-                act_c = tl.sum(tl.where(rck[None, :] == c, active.to(tl.int32), 0), axis=1) > 0
-                if _any(act_c & (off_c <= prev)):
-                    err = err | OFFSET_BIT
-                prev = tl.where(act_c, tl.maximum(prev, off_c), prev)
+            pair = active[:, :, None] & active[:, None, :] & earlier[None, :, :]
+            unordered = pair & (offs[:, :, None] >= offs[:, None, :])
+            bad_offset = bad_offset | (unordered | (active & outside)[:, :, None]).to(tl.int32)
+        err = err | tl.where(tl.max(bad_length, axis=0) > 0, LENGTHS_BIT, 0)
+        err = err | tl.where(tl.max(tl.reshape(bad_slot, (BLOCK * CK,)), axis=0) > 0, RANGE_BIT, 0)
+        bad_offset = tl.reshape(bad_offset, (BLOCK * CK * CK,))
+        err = err | tl.where(tl.max(bad_offset, axis=0) > 0, OFFSET_BIT, 0)
         tl.store(chunk_offsets + num_seqs, chunks_before)
         # Every active write destination distinct, and none on another sequence's initial slot.
         # Clashes accumulate elementwise and are reduced once: a reduction (and branch) per block
         # pair would serialise the loads, which dominate this program at many sequences.
         num_writes = num_seqs * (1 + CK)
-        clash = tl.zeros((BLOCK, BLOCK), dtype=tl.int32)
+        clash = tl.full((BLOCK, BLOCK), 0, tl.int32)
         for a0 in range(0, num_writes, BLOCK):
             wa = a0 + rb
             slot_a, owner_a = _write_slot(final_idx, ck_idx, wa, num_seqs, CK)
@@ -120,6 +117,6 @@ def kda_validate_kernel(
                 init_m = tl.load(init_idx + m, mask=m < num_seqs, other=NULL).to(tl.int64)
                 alias = (slot_a[:, None] == init_m[None, :]) & (slot_a[:, None] >= 0)
                 clash = clash | (alias & (owner_a[:, None] != m[None, :])).to(tl.int32)
-        if _any(tl.reshape(clash, (BLOCK * BLOCK,))):
-            err = err | DUPLICATE_BIT
+        err = err | tl.where(tl.max(tl.reshape(clash, (BLOCK * BLOCK,)), axis=0) > 0,
+                             DUPLICATE_BIT, 0)
     tl.store(err_ptr, err)
