@@ -57,7 +57,7 @@ def _device():
 @click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
               help="Worker processes per backend, sharing the device, each from its own seed "
               "(worker i: seed + i * 1000000). Default on a GPU: min(8, CPU cores / 2); on "
-              "the CPU: 1.")
+              "the CPU: min(8, CPU cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def fuzz(backend: str | None, backends: str | None, count: int | None, seconds: float | None,
          seed: int, out_dir: Path | None, replay_path: Path | None, corpus_dir: Path | None,
@@ -71,9 +71,9 @@ def fuzz(backend: str | None, backends: str | None, count: int | None, seconds: 
     error code comes from the metadata oracle. Valid sets: outputs, final states and
     checkpoints against the float64 recurrence, every slot not named unchanged bit for bit.
     Faulty sets: the exact error bits, an all-NaN output, the whole pool unchanged bit for
-    bit. A failing set is shrunk and written as a JSON case beside the receipt. On a GPU
-    the sets run in several worker processes (--workers) that share it; the receipt's
-    seconds are the wall time of the timed sets, warm-up compiles apart.
+    bit. A failing set is shrunk and written as a JSON case beside the receipt. The sets
+    run in several worker processes (--workers), on a GPU sharing it, on the CPU a core
+    each; the receipt's seconds are the wall time of the timed sets, warm-up compiles apart.
 
     Exit 0 when nothing failed, 1 for a finding (or a replayed case that still fails), 2 for
     bad input (an unknown backend, a file that is not a case, no backend that can run here).
@@ -89,6 +89,7 @@ def fuzz(backend: str | None, backends: str | None, count: int | None, seconds: 
     names = _backends(backend, backends)
     device = _device()
     from kdabench.fuzz import CPU_LIMITS, GPU_LIMITS, Campaign
+    from kdabench.fuzz.parallel import cpu_workers
     from kdabench.fuzz.receipt import run_campaign
     from kdabench.qualify.parallel import default_workers
 
@@ -97,7 +98,7 @@ def fuzz(backend: str | None, backends: str | None, count: int | None, seconds: 
     if count is None and seconds is None:
         count = 2000
     if workers is None:
-        workers = default_workers(1) if gpu else 1
+        workers = default_workers(1) if gpu else cpu_workers()
     campaign = Campaign(names, seed, count, seconds, device, limits,
                         warm=gpu, workers=workers)  # the interpreter compiles nothing
     console = Console(stderr=True, highlight=False)

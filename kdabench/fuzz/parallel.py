@@ -1,4 +1,5 @@
-"""A backend's fuzzing split over worker processes that share the GPU: each worker fuzzes
+"""A backend's fuzzing split over worker processes (on a GPU sharing it; on the CPU, where
+the Triton interpreter keeps a core busy per process, one per core): each worker fuzzes
 from its own seed (worker i: seed + i * SEED_STRIDE, so worker 0 draws what a one-process run
 draws), compiles while the others do, and checks its sets on its own CPU core; their results
 are merged into one BackendRun (kdabench.fuzz.run.merge_runs). Only worker 0 draws sets past
@@ -6,7 +7,7 @@ the 2^31-element line (:func:`worker_limits`): a rig for them holds a pool of ov
 elements and its copy per capacity (about 50 GiB for the GPU limits), which eight processes
 could not all hold on one GPU.
 
-    run = run_backend_parallel(campaign, "triton", on_progress)
+    run = fuzz_backend(campaign, "triton", on_progress)  # in-process when workers == 1
 
 A worker that dies is a failed set with its log tail as the finding: a crash while running
 metadata is what the fuzzer looks for.
@@ -35,6 +36,16 @@ LOG_TAIL_LINES = 20
 
 
 HIGH_SLOT_WORKER = 0
+MAX_CPU_WORKERS = 8
+
+
+def cpu_workers(cpus: int | None = None) -> int:
+    """Workers for a CPU run: one per core this process may use (each keeps one busy in the
+    Triton interpreter), at most MAX_CPU_WORKERS."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+    return max(1, min(MAX_CPU_WORKERS, cpus))
 
 
 def worker_limits(limits: Limits, index: int) -> Limits:
@@ -158,3 +169,11 @@ def run_backend_parallel(campaign: Campaign, backend: str,
     if skipped and len(skipped) == len(runs):
         return skipped[0]
     return merge_runs([run for run in runs if not run.skipped])
+
+
+def fuzz_backend(campaign: Campaign, backend: str,
+                 on_progress: Callable[[str, int], None] | None = None) -> BackendRun:
+    """Fuzz `backend` in this process (one worker) or in `campaign.workers` processes."""
+    if campaign.workers > 1:
+        return run_backend_parallel(campaign, backend, on_progress)
+    return campaign.run_backend(backend, on_progress)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from kdabench.fuzz.parallel import fuzz_backend
 from kdabench.fuzz.run import BackendRun, Campaign
 from kdabench.receipts import free_receipt_path, new_receipt, receipt_dir
 
@@ -26,11 +27,6 @@ def run_campaign(campaign: Campaign, *, out_dir: str | os.PathLike | None = None
     runs = []
     with builder.writer(path) as receipt:
         for backend in campaign.backends:
-            if campaign.workers > 1:
-                from kdabench.fuzz.parallel import run_backend_parallel
-
-                runs.append(run_backend_parallel(campaign, backend, on_progress))
-            else:
-                runs.append(campaign.run_backend(backend, on_progress))
+            runs.append(fuzz_backend(campaign, backend, on_progress))
             receipt.add_case(runs[-1].record())
     return runs, path

@@ -113,9 +113,22 @@ def high_slot_base(limits: Limits, line: int = INT32_LINE) -> int:
     return math.ceil(line / (limits.heads * limits.head_dim ** 2)) - 1
 
 
+def interpreter_config(caps):
+    """The config of a Triton rig on the CPU: the heuristic's, with one V block per program.
+    The interpreter runs a grid's programs one after another, so its cost per set grows with
+    the program count (four V blocks of 16 cost a valid set about half again as much); the
+    GPU fuzz runs the split V blocks of the device's profile."""
+    from dataclasses import replace
+
+    from kdabench.kernels.policy import heuristic_config
+
+    return replace(heuristic_config(caps), block_v=caps.head_dim)
+
+
 def build_rig(backend: str, capacity: int, limits: Limits, device: torch.device, *,
               seed: int, slot_base: int = 0) -> Rig:
-    """Plan once for (backend, capacity) and allocate the buffers every set binds."""
+    """Plan once for (backend, capacity) and allocate the buffers every set binds: with the
+    policy's config on the GPU, :func:`interpreter_config` on the CPU."""
     from kdabench import kernels
 
     heads, dim = limits.heads, limits.head_dim
@@ -123,7 +136,8 @@ def build_rig(backend: str, capacity: int, limits: Limits, device: torch.device,
     caps = kernels.Caps(device=device, num_heads=heads, head_dim=dim,
                         max_tokens=limits.max_tokens, max_seqs=limits.max_seqs,
                         max_state_slots=slots, max_checkpoints=capacity, backend=backend)
-    plan = kernels.plan(caps)
+    on_cpu = device.type == "cpu" and backend == "triton"
+    plan = kernels.plan(caps, interpreter_config(caps) if on_cpu else None)
     x_cpu = make_inputs([limits.max_tokens], heads, dim, with_initial_state=False, seed=seed)
     x = make_inputs([limits.max_tokens], heads, dim, with_initial_state=False, seed=seed,
                     device=device)

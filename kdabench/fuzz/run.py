@@ -154,6 +154,8 @@ class Campaign:
                 "slot_line": self.slot_line, "warm": self.warm, "workers": self.workers,
                 "high_slot_sets": "drawn by one process only (worker 0 of several): each "
                 "capacity's high rig holds a pool past the 2^31-element line and its copy",
+                "plans": "the device profile's config on the GPU; on the CPU the heuristic's "
+                "with one V block per program (kdabench.fuzz.rig.interpreter_config)",
                 "tolerances": dict(DEFAULT_TOLERANCES),
                 "fault_classes": {n: {"bit": c.bit.name, "what": c.what}
                                   for n, c in FAULT_CLASSES.items()},

@@ -98,3 +98,8 @@ def test_two_workers_fuzz_apart_and_merge(tmp_path):
                      tmp_path / "alone", warm=False).run_backend("triton")
     # worker 0 drew what a one-process run with the campaign's seed draws
     assert alone.per_class <= run.per_class and alone.per_capacity <= run.per_capacity
+
+
+def test_the_cpu_takes_a_worker_per_core_up_to_eight():
+    assert [parallel.cpu_workers(n) for n in (1, 2, 7, 64)] == [1, 2, 7, 8]
+    assert 1 <= parallel.cpu_workers() <= parallel.MAX_CPU_WORKERS

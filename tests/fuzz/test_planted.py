@@ -1,5 +1,5 @@
 """A planted defect is found, shrunk and replayed; the high-slot path runs on the CPU with a
-low line; the campaign's counts add up."""
+low line; the campaign's counts add up; a CPU rig plans one V block per program."""
 
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ def ignores_duplicates(binding):
     result = run(binding)
     result.error_code.bitwise_and_(~DUP)
     return result
+
+
+def test_a_cpu_rig_plans_one_v_block_per_program():
+    plan = Rigs(CPU).get("triton", Shape(CPU_LIMITS, 2, 0)).plan
+    assert plan.config.block_v == CPU_LIMITS.head_dim and plan.config_source == "explicit"
 
 
 def test_a_planted_defect_is_found_shrunk_and_replayed(tmp_path):
