@@ -20,7 +20,9 @@ Decode runs one token at a time through a small fp32 recurrence in the pool layo
 split the rest into calls of at most `max_batched_tokens` tokens with the states the retention
 policy keeps (`kdabench.serve.retention`), and let each call write those states straight into
 reserved cache slots. One metadata upload per prompt, no host sync until the logits, and the
-same calls with export on or off: export adds only the kernel's checkpoint writes.
+same calls with export on or off: export adds only the kernel's checkpoint writes. With
+`cuda_graphs` (kernel backend, CUDA) each call is a replay of a graph captured per token
+bucket (`kdabench.serve.call_graphs`) instead of every layer's operations queued anew.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 
 from kdabench.oracles import chunk_kda_mirror, l2_normalize, log_decay, prepare_inputs
 
+from .call_graphs import CallGraphs
 from .model import KdaInputs, KdaModel
 from .prefix_cache import PrefixCache, prefix_digests
 from .retention import CHECKPOINT_CAPACITY, plan_prefill_calls
@@ -206,12 +209,18 @@ class Engine:
         *,
         max_tokens: int = 8192,
         max_slots: int = 2 + CHECKPOINT_CAPACITY,
+        cuda_graphs: bool = False,
     ):
         self.model = model
         self.device = model.device
         self.backend = backend or ("kernel" if self.device.type == "cuda" else "chunk")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown prefill backend {self.backend!r}; expected {BACKENDS}")
+        if cuda_graphs and (self.backend != "kernel" or self.device.type != "cuda"):
+            raise ValueError("CUDA graphs need the kernel backend on a CUDA device "
+                             f"(here: {self.backend} on {self.device.type})")
+        self.cuda_graphs = cuda_graphs
+        self._graphs: dict[int, CallGraphs] = {}  # per state pool (its data pointer)
         cfg = model.config
         self.scale = cfg.head_dim**-0.5
         self.max_tokens = max_tokens
@@ -234,9 +243,10 @@ class Engine:
     def describe(self) -> dict[str, object]:
         """The backend and, for the kernel, its config and where it came from."""
         if self._plan is None:
-            return {"backend": self.backend}
+            return {"backend": self.backend, "cuda_graphs": False}
         return {"backend": self.backend, "kernel_config": repr(self._plan.config),
-                "kernel_config_source": self._plan.config_source}
+                "kernel_config_source": self._plan.config_source,
+                "cuda_graphs": self.cuda_graphs}
 
     # -- one layer's KDA over a call, on a state pool ---------------------------------------
 
@@ -287,15 +297,47 @@ class Engine:
         return result.o
 
     def _run_call(
-        self, tokens: torch.Tensor, pool: torch.Tensor, slots: CallSlots, meta: torch.Tensor | None
+        self, tokens: torch.Tensor, pool: torch.Tensor, slots: CallSlots, meta: torch.Tensor | None,
+        last: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Every layer over one call; returns the residual stream after the last token [1, D]."""
+        """Every layer over one call; returns the residual stream after the last token [1, D]
+        (after the token at index `last` [1] on the device where one is given: a padded call,
+        kdabench.serve.call_graphs)."""
         model = self.model
         x = model.embed(tokens)
         for layer in range(model.config.num_layers):
             o = self._kda_layer(model.kda_inputs(layer, x), pool[layer], slots, meta)
             x = model.finish_layer(layer, x, o)
-        return x[-1:]
+        return x[-1:] if last is None else x.index_select(0, last)
+
+    def _call(self, tokens: torch.Tensor, cache: PrefixCache, slots: CallSlots,
+              meta: torch.Tensor | None) -> torch.Tensor:
+        """One call of a prompt's prefill: a graph replay where the engine has CUDA graphs."""
+        if not self.cuda_graphs:
+            return self._run_call(tokens, cache.pool, slots, meta)
+        assert meta is not None
+        return self._graphs_for(cache).run(tokens, meta)
+
+    def _graphs_for(self, cache: PrefixCache) -> CallGraphs:
+        key = cache.pool.data_ptr()
+        if key not in self._graphs:
+            pool, from_metadata = cache.pool, CallSlots(-1, -1)  # the kernel reads m's slots
+            self._graphs[key] = CallGraphs(
+                lambda t, m, last: self._run_call(t, pool, from_metadata, m, last),
+                self.max_tokens, CallSlots(-1, cache.scratch(0)).row(1), self.device,
+            )  # fmt: skip
+        return self._graphs[key]
+
+    def capture_graphs(self, cache: PrefixCache) -> list[int]:
+        """Capture every bucket's graph on the cache's pool now (none without CUDA graphs);
+        the buckets captured."""
+        if not self.cuda_graphs:
+            return []
+        with torch.inference_mode():
+            graphs = self._graphs_for(cache)
+            graphs.capture_all()
+        self._check_errors()
+        return graphs.captured
 
     def _upload(self, rows: list[list[int]]) -> torch.Tensor | None:
         """All calls' kernel metadata in one host-to-device copy (None off the kernel)."""
@@ -372,8 +414,8 @@ class Engine:
         clock = DeviceClock(self.device)
         x = None
         for index, (call, slots) in enumerate(zip(calls, plan)):
-            x = self._run_call(
-                token_tensor[call.start : call.stop], cache.pool, slots,
+            x = self._call(
+                token_tensor[call.start : call.stop], cache, slots,
                 None if meta is None else meta[index],
             )  # fmt: skip
         assert x is not None

@@ -120,5 +120,6 @@ def build_runtime(device: str, preset: str | None, seed: int, settings: CacheSet
     model = KdaModel(config, device=device)
     cache = PrefixCache(config.state_shape, settings.cache_bytes, device=device)
     engine = Engine(model, max_tokens=settings.max_batched_tokens,
-                    max_slots=max(cache.slots + SCRATCH_SLOTS, 2 + CHECKPOINT_CAPACITY))
+                    max_slots=max(cache.slots + SCRATCH_SLOTS, 2 + CHECKPOINT_CAPACITY),
+                    cuda_graphs=settings.cuda_graphs)
     return Runtime(device, model, engine, cache, settings)

@@ -22,7 +22,7 @@ role-only chunk, sent before the prefill (as servers do): it must not stop a TTF
 
 Log lines (stderr, flushed; what activation patterns match):
 
-    kdabench-local: listening on http://HOST:PORT checkpoint_export=on|off prefix_cache=on|off block_tokens=N device=D max_batched_tokens=N cache_gib=X model=P backend=B
+    kdabench-local: listening on http://HOST:PORT checkpoint_export=on|off prefix_cache=on|off block_tokens=N device=D max_batched_tokens=N cache_gib=X model=P backend=B cuda_graphs=on|off
     kdabench-local: request id=ID prompt_tokens=N cached_tokens=M computed_tokens=C checkpoints_exported=K ttft_ms=X wait_ms=W lookup_ms=L compute_ms=P commit_ms=M first_token_ms=F [compute_enqueue_ms=E compute_device_ms=G] gc_ms=C gc_collections=N
 
 The same timings go to the response's `kdabench.server_timing`, which serve-sweep keeps with
@@ -103,8 +103,10 @@ class LocalServer:
 
     def _warm_up(self) -> None:
         """A prefill through the cache and a decode step, so the first request is not the slow
-        one (kernels compiled, memory pooled); the cache is emptied after."""
+        one (kernels compiled, memory pooled, every bucket's CUDA graph captured where the
+        engine has them); the cache is emptied after."""
         tokens = [index % 256 for index in range(WARMUP_TOKENS)]
+        self.engine.capture_graphs(self.cache)
         result = self.engine.prefill_prompt(tokens, self.cache, self.settings)
         self.engine.decode_step(result.state, 0)
         self.cache.clear()
@@ -122,7 +124,7 @@ class LocalServer:
             f"prefix_cache={_on_off(s.prefix_cache)} block_tokens={s.block_tokens} "
             f"device={self.device} max_batched_tokens={s.max_batched_tokens} "
             f"cache_gib={s.cache_gib:g} model={self.model.config.preset} "
-            f"backend={self.engine.backend}"
+            f"backend={self.engine.backend} cuda_graphs={_on_off(self.engine.cuda_graphs)}"
         )
         return self
 

@@ -8,6 +8,9 @@ Read once when the server starts (:meth:`CacheSettings.from_env`):
     KDABENCH_LOCAL_BLOCK_TOKENS=N             block size in tokens (default 1024)
     KDABENCH_LOCAL_MAX_BATCHED_TOKENS=N       tokens per prefill kernel call (default 8192)
     KDABENCH_LOCAL_CACHE_GIB=X                the state cache's size in GiB (default 4)
+    KDABENCH_LOCAL_CUDA_GRAPHS=1|0            replay each prefill call as a CUDA graph per
+                                              token bucket (default 0; CUDA and the kernel
+                                              backend only)
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ ENV_CHECKPOINT_EXPORT = "KDABENCH_LOCAL_CHECKPOINT_EXPORT"
 ENV_BLOCK_TOKENS = "KDABENCH_LOCAL_BLOCK_TOKENS"
 ENV_MAX_BATCHED_TOKENS = "KDABENCH_LOCAL_MAX_BATCHED_TOKENS"
 ENV_CACHE_GIB = "KDABENCH_LOCAL_CACHE_GIB"
+ENV_CUDA_GRAPHS = "KDABENCH_LOCAL_CUDA_GRAPHS"
 GIB = 1 << 30
 
 _TRUE = ("1", "true", "on", "yes")
@@ -82,6 +86,7 @@ class CacheSettings:
     block_tokens: int = 1024
     max_batched_tokens: int = 8192
     cache_gib: float = 4.0
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batched_tokens < self.block_tokens:
@@ -102,6 +107,7 @@ class CacheSettings:
             block_tokens=_positive_int(env, ENV_BLOCK_TOKENS, 1024),
             max_batched_tokens=_positive_int(env, ENV_MAX_BATCHED_TOKENS, 8192),
             cache_gib=_non_negative(env, ENV_CACHE_GIB, 4.0),
+            cuda_graphs=_flag(env, ENV_CUDA_GRAPHS, False),
         )
 
     def to_dict(self) -> dict[str, Any]:

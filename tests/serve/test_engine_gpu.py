@@ -3,7 +3,8 @@ path through the device state cache against the chunk path on the same weights.
 
 A Kimi-Linear-shaped model (heads of 128, low-rank gate, bf16) cut to 2 layers and 2 heads,
 prompts of 3,000 tokens in calls of 1,024 with blocks of 256: every retained state, the
-logits, and a shared prefix resumed from a checkpoint agree with the chunk path.
+logits, and a shared prefix resumed from a checkpoint agree with the chunk path; and with
+CUDA graphs (calls replayed per token bucket, padded) with the eager kernel path.
 """
 
 from __future__ import annotations
@@ -63,3 +64,27 @@ def test_kernel_path_retains_the_chunk_paths_states(model):
             assert hit.length == length
             states.append(caches[name].state(hit.slot))
         assert relative_error(states[1], states[0]) <= STATE_TOL
+
+
+def test_graph_replays_retain_what_eager_calls_do(model):
+    engines = {graphs: Engine(model, "kernel", max_tokens=1024, max_slots=64 + 2,
+                              cuda_graphs=graphs) for graphs in (False, True)}
+    caches = {graphs: PrefixCache(model.config.state_shape, 64 * model.config.state_bytes,
+                                  device="cuda") for graphs in engines}
+    assert engines[True].capture_graphs(caches[True]) == [512, 1024]
+    first = prompt(3000, seed=5)
+    second = first[:2304] + prompt(300, seed=6)  # resumes at 2,304, then a 300-token call
+    results = {}
+    for graphs, engine in engines.items():
+        results[graphs] = [engine.prefill_prompt(p, caches[graphs], SETTINGS)
+                           for p in (first, second)]
+    for eager, replayed in zip(results[False], results[True], strict=True):
+        assert (replayed.cached_tokens, replayed.kernel_calls) == \
+            (eager.cached_tokens, eager.kernel_calls)
+        # padded rows change the projections' GEMM shapes, and with them cuBLAS's algorithm
+        assert relative_error(eager.state, replayed.state) <= STATE_TOL
+        assert relative_error(eager.logits, replayed.logits) <= LOGIT_TOL
+    for length in (256, 1024, 2304, 2816):
+        states = [caches[graphs].state(caches[graphs].lookup(bytes(first[: length + 1])).slot)
+                  for graphs in engines]
+        assert relative_error(states[0], states[1]) <= STATE_TOL

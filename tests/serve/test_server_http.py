@@ -22,7 +22,7 @@ MODEL = "kdabench-local-kda"
 LISTENING = re.compile(
     r"^kdabench-local: listening on (http://127\.0\.0\.1:\d+) checkpoint_export=(on|off) "
     r"prefix_cache=(on|off) block_tokens=(\d+) device=cpu max_batched_tokens=(\d+) "
-    r"cache_gib=4 model=tiny backend=chunk$"
+    r"cache_gib=4 model=tiny backend=chunk cuda_graphs=off$"
 )
 REQUEST = re.compile(
     r"kdabench-local: request id=(\S+) prompt_tokens=(\d+) cached_tokens=(\d+) "
@@ -261,7 +261,7 @@ def test_shared_4096_prefix_of_an_8192_prompt(export, cached, computed):
         assert served.lines()[0].endswith(
             f"checkpoint_export={'on' if export == '1' else 'off'} "
             "prefix_cache=on block_tokens=1024 device=cpu max_batched_tokens=8192 cache_gib=4 "
-            "model=tiny backend=chunk"
+            "model=tiny backend=chunk cuda_graphs=off"
         )
     finally:
         served.close()
