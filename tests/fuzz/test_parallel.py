@@ -103,3 +103,13 @@ def test_two_workers_fuzz_apart_and_merge(tmp_path):
 def test_the_cpu_takes_a_worker_per_core_up_to_eight():
     assert [parallel.cpu_workers(n) for n in (1, 2, 7, 64)] == [1, 2, 7, 8]
     assert 1 <= parallel.cpu_workers() <= parallel.MAX_CPU_WORKERS
+
+
+@pytest.mark.parametrize(("text", "cpus"), [("max 100000\n", None), ("200000 100000\n", 2),
+                                            ("150000 100000\n", 2), ("50000 100000\n", 1),
+                                            ("garbage\n", None)])
+def test_a_cgroup_quota_caps_the_cpus(tmp_path, text, cpus):
+    path = tmp_path / "cpu.max"
+    path.write_text(text)
+    assert parallel.cpu_quota(path) == cpus
+    assert parallel.cpu_quota(tmp_path / "absent") is None
