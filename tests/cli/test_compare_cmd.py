@@ -295,6 +295,7 @@ def test_the_committed_folder_against_its_newest_triton_receipt_exits_0():
     assert result.exit_code == 0, result.output
     paired = [line for line in pairing_section(result.stdout)
               if not line.startswith("unmatched")]
-    assert len(paired) == 1 and paired[0].startswith("qualify, triton, NVIDIA H200: BASE ")
+    device = json.loads(head.read_text())["device"]["name"]
+    assert len(paired) == 1 and paired[0].startswith(f"qualify, triton, {device}: BASE ")
     assert paired[0].endswith(f"against HEAD {head}")
     assert "0 failed, 0 regressed, 0 improved, 0 new, 0 missing" in result.stdout
