@@ -259,17 +259,22 @@ def test_many_sequences_accepted():
 
 
 SPARE = 2 * MANY  # the first of the two slots the 70-sequence set leaves spare
+CU = many_sequences()["cu_seqlens"]
 
 
 @pytest.mark.parametrize("entries, fault", [
     ({"initial": {3: SPARE + 9, 67: SPARE + 9}}, RANGE),
-    ({"ck_offsets": {3: [0], 66: [0]}}, OFFSET),
+    ({"ck_offsets": {3: [0], 67: [0]}}, OFFSET),
+    # sequences 3 and 67 of -1 tokens (their checkpoints at offset 1 fall outside them too)
+    ({"cu_seqlens": {4: CU[3] - 1, 68: CU[67] - 1}}, LENGTHS_BAD | OFFSET),
     # sequence 1 writes sequence 0's initial slot, sequence 33 sequence 64's: one lane pair of
     # the validator's clash matrix, in the first and then the second block of 64
     ({"initial": {0: SPARE, 64: SPARE + 1}, "final": {1: SPARE, 33: SPARE + 1}}, DUP),
-], ids=["slots", "offsets", "aliases"])
+], ids=["slots", "offsets", "lengths", "aliases"])
 def test_one_fault_in_both_validator_blocks(entries, fault):
-    """A second finding of a fault keeps its bit set (a bit toggled per finding would clear)."""
+    """A second finding of a fault keeps its bit set: the validator gathers each rule's
+    failures lane by lane over its blocks of 64 sequences, so each case puts them in one lane
+    of both blocks (sequences 3 and 67), where a toggled flag would clear."""
     meta = many_sequences()
     for key, values in entries.items():
         meta[key] = [values.get(n, e) for n, e in enumerate(meta[key])]
