@@ -578,12 +578,12 @@ def test_fuzz_device_validator_matches_host_reference(case):
 
 # Mutation testing (.ci/mutation, kernels/NOTES.md): the mutants of kernels/triton/validate.py
 # that these tests leave alive are equivalent, or killed by a test outside the mutation's command:
-# - `@triton.jit` removed from `_any` or `_write_slot`: the interpreter calls a plain Python
-#   function alike; the compiler refuses it ("Unsupported function referenced"), which
+# - `@triton.jit` removed from `_write_slot`: the interpreter calls a plain Python function
+#   alike; the compiler refuses it ("Unsupported function referenced"), which
 #   tests/kernels/test_triton_compile.py catches (it compiles every kernel, too slow a command
 #   for each mutant).
-# - `axis=0` -> `axis=-1` (`_any`'s max, the chunks' cumsum and sum): every operand is 1-D.
-# - `> 0` -> `!= 0` in `_any` and in `act_c`: a max or a sum of 0/1 values is never negative.
+# - `axis=0` -> `axis=-1` (each bit's max, the chunks' cumsum and sum): every operand is 1-D.
+# - `> 0` -> `!= 0` after each bit's max: a max of 0/1 flags is never negative.
 # - `_write_slot`: `j == 0` -> `j >= 0` or `j <= 0` (the final's load mask, the final/checkpoint
 #   choice), `j > 0` -> `j != 0`: j = w % (1 + CK) is never negative, and a final loaded for
 #   j > 0 is discarded by the choice.
@@ -591,17 +591,13 @@ def test_fuzz_device_validator_matches_host_reference(case):
 #   `num_seqs > meta_capacity` (bind() requires cu_seqlens of 2 entries or more, so the capacity
 #   is at least 1); `x < NULL` and `x >= num_slots` for an initial, final or checkpoint slot.
 # - `err | BIT` -> `err ^ BIT` where err cannot hold the bit yet: the lengths bit of the live
-#   count and of cu_seqlens' ends (err is still 0 there), the duplicate bit (set once, last).
+#   count (err is still 0 there), the offset and duplicate bits (each set once).
 # - `other=0` -> `1` or `-1` for bos, eos and the checkpoint offsets: the masked lanes are dead
 #   sequences, masked again wherever their values are used (live, cmask).
 # - `tl.maximum(seqlen, 0)` -> `tl.maximum(seqlen, -1)`: (-1 + CHUNK - 1) // CHUNK is 0 too.
 # - `rck < CK` -> `rck <= CK` or `rck != CK`: rck = arange(0, CK) is below CK throughout.
-# - prev's start -1 -> -2 or 0 (`- 2`, `~1`, `- 0`, `not 1`): an active offset at or below a
-#   start of 0 or less is outside 1..len-1 and sets the bit anyway; above it, prev becomes that
-#   offset whatever the start.
-# - `tl.where(rck[None, :] == c, offs, 0)` -> `..., 1)`: every off_c moves up by CK - 1 alike;
-#   compared with one another they order as before, and against the start -1 they differ only
-#   for offsets of -1 or less, outside anyway.
+# - `unordered | (active & outside)` -> `^`: where both hold at (i, j), the flag at (i, i) (never
+#   an ordered pair: `earlier` is strict) still carries checkpoint i's outside offset.
 # - `num_writes = num_seqs * (2 + CK)`: the extra write indices belong to no live sequence and
 #   read as the null slot.
 # - the write loops' `range(0, num_writes, BLOCK)` starting at -1 (a or b) or 1 (b): the blocks
