@@ -591,7 +591,8 @@ def test_fuzz_device_validator_matches_host_reference(case):
 #   `num_seqs > meta_capacity` (bind() requires cu_seqlens of 2 entries or more, so the capacity
 #   is at least 1); `x < NULL` and `x >= num_slots` for an initial, final or checkpoint slot.
 # - `err | BIT` -> `err ^ BIT` where err cannot hold the bit yet: the lengths bit of the live
-#   count (err is still 0 there), the offset and duplicate bits (each set once).
+#   count and of cu_seqlens' ends (err is still 0 there), the range, offset and duplicate bits
+#   (each set once).
 # - `other=0` -> `1` or `-1` for bos, eos and the checkpoint offsets: the masked lanes are dead
 #   sequences, masked again wherever their values are used (live, cmask).
 # - `tl.maximum(seqlen, 0)` -> `tl.maximum(seqlen, -1)`: (-1 + CHUNK - 1) // CHUNK is 0 too.
