@@ -10,8 +10,9 @@ sweep cannot see it), ``alive()``, ``failure()`` (why it is not alive) and ``sto
   file when the arms file names one. :func:`check_reachable` refuses, as bad input and
   without sending anything, an endpoint where nothing accepts a connection.
 - :class:`EmbeddedServer` is kdabench's reference server (``kdabench.serve``), started
-  in this process with the arm's environment, on the GPU where CUDA is present (else the
-  CPU), taking prompts of up to :data:`EMBEDDED_MAX_MODEL_LEN` tokens.
+  in this process with the arm's environment over this process's (as a launched server's
+  is), on the GPU where CUDA is present (else the CPU), taking prompts of up to
+  :data:`EMBEDDED_MAX_MODEL_LEN` tokens.
 """
 
 from __future__ import annotations
@@ -195,11 +196,12 @@ class AttachedServer:
 
 
 class EmbeddedServer:
-    """kdabench's reference server in this process, with the arm's flags as its env."""
+    """kdabench's reference server in this process, with the arm's flags over this process's
+    environment as its env (a KDABENCH_LOCAL_* setting the arms leave alone is inherited)."""
 
     def __init__(self, env: Mapping[str, str], *, seed: int = 0, device: str = "auto",
                  model: str | None = None) -> None:
-        self._env = dict(env)
+        self._env = {**os.environ, **env}
         self._seed = seed
         self._device = device
         self._model = model

@@ -284,8 +284,12 @@ activation_after = ['checkpoints_exported=[1-9]']
 """
 
 
-def test_embedded_server_shared_prefix_reuses_checkpoints(tmp_path: Path) -> None:
+def test_embedded_server_shared_prefix_reuses_checkpoints(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("kdabench.serve")
+    # the sweep's own environment reaches the embedded server under the arms' settings
+    monkeypatch.setenv("KDABENCH_LOCAL_CACHE_GIB", "0.5")
+    monkeypatch.setenv("KDABENCH_LOCAL_MAX_BATCHED_TOKENS", "2048")
     result, receipt, _ = sweep(tmp_path, EMBEDDED)
     assert result.exit_code == 0, result.output
     assert receipt["config"]["mode"] == "embedded"
@@ -312,6 +316,7 @@ def test_embedded_server_shared_prefix_reuses_checkpoints(tmp_path: Path) -> Non
     runs_on = receipt["config"]["servers"]["checkpoints"]["runs_on"]
     assert runs_on["status"] == "reported" and runs_on["backend"] == "chunk"
     assert runs_on["model"] == "tiny" and runs_on["retention"]["max_batched_tokens"] == 1024
+    assert runs_on["retention"]["cache_gib"] == 0.5
     assert runs_on["torch"] and runs_on["device"] == receipt["device"]["name"]
     # one line for both arms: their servers run on the same device, backend and model
     assert f"runs on: {runs_on['device']} · backend chunk · model tiny · torch " in result.output
