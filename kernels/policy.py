@@ -27,6 +27,7 @@ import torch
 
 from .catalog import KdaPolicyError, KdaQuery
 from .config import AUTO_BACKEND, BACKENDS, Caps, CuteConfig, KernelConfig
+from .folders import shown_folder
 from .profiles import find_profile, profile_dir, profile_path
 
 POLICY_MODE_ENV = "KDABENCH_POLICY_MODE"
@@ -145,7 +146,8 @@ def resolve_config(caps: Caps, *, activation_dtype: torch.dtype | str = torch.bf
         return Resolution(entry.config, source, mode, query, profile.name)
     if profile is None:
         missing = (f"no profile entry for {query.describe()}: no profile for device {name!r} "
-                   f"({profile_path(name, directory).name} not in {profile_dir(directory)})")
+                   f"({profile_path(name, directory).name} not in "
+                   f"{shown_folder(profile_dir(directory))})")
     else:
         missing = f"no profile entry for {query.describe()} in {profile.name}"
     if mode is PolicyMode.PREPLANNED_ONLY:

@@ -144,7 +144,7 @@ def test_without_a_profile_the_case_passes_and_says_why(tmp_path, profile_folder
     case = run_case(tmp_path)
     assert case["verdict"] == "pass" and planned == []
     assert case["message"] == (
-        f"no profile for device 'cpu' (cpu.json not in {profile_folder}): the heuristic is the "
+        f"no profile for device 'cpu' (cpu.json not in {profile_folder.name}): the heuristic is the "
         "only config (qualified by the other scenarios)")
     assert case["kernel_config"] is None
     write_profile(profile_folder, [])

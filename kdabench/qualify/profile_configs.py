@@ -56,6 +56,7 @@ def _summary(one: Outcome, tol: dict[str, float]) -> str:
 def run_profile_configs(ctx: Context, case: Case) -> Outcome:
     """Every distinct config of the device's profile on the case's inputs, vs one oracle run."""
     from kdabench.kernels.catalog import config_problems
+    from kdabench.kernels.folders import shown_folder
     from kdabench.kernels.policy import device_name_of
     from kdabench.kernels.profiles import find_profile, profile_dir, profile_path
 
@@ -69,7 +70,7 @@ def run_profile_configs(ctx: Context, case: Case) -> Outcome:
     profile = find_profile(device)
     if profile is None or not profile.entries:
         why = (f"no profile for device {device!r} ({profile_path(device).name} not in "
-               f"{profile_dir()})" if profile is None else f"profile {profile.name} has no entries")
+               f"{shown_folder(profile_dir())})" if profile is None else f"profile {profile.name} has no entries")
         out.note = f"{why}: the heuristic is the only config (qualified by the other scenarios)"
         return out
     head_dim = case.params["head_dim"]

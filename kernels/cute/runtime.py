@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..folders import shown_folder
 from .manifest import LIBRARY_NAME, MANIFEST_NAME, RUNTIME_NAME, arch_of, manifest_problems
 from .variants import Variant
 
@@ -85,22 +86,6 @@ def _tvm_ffi():
     except ImportError:
         return None
     return tvm_ffi
-
-
-def shown_folder(directory: str | Path) -> str:
-    """The build folder as a plan's origin (and so a receipt) names it, never a machine's
-    absolute path: as configured when relative; else relative to the current directory or the
-    home folder (``~/...``), whichever of the two holds it more closely; else by its last
-    component."""
-    path = Path(directory)
-    if not path.is_absolute():
-        return str(path)
-    holders = [(base, prefix) for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/"))
-               if path.is_relative_to(base) and path != base]
-    if not holders:
-        return path.name
-    base, prefix = max(holders, key=lambda holder: len(holder[0].parts))
-    return prefix + str(path.relative_to(base))
 
 
 def _load_aot(arch: str, directory: str | Path) -> tuple[KernelLibrary | None, list[str]]:

@@ -11,6 +11,7 @@ import torch
 from kdabench.kernels.cute import runtime
 from kdabench.kernels.cute.manifest import LIBRARY_NAME
 from kdabench.kernels.cute.variants import aot_variants, state_pass_variant
+from kdabench.kernels.folders import shown_folder
 
 
 def test_artifact_dir_follows_the_environment(monkeypatch, tmp_path):
@@ -24,7 +25,7 @@ def test_a_matching_build_is_loaded_with_every_function(cute_build):
     out, _ = cute_build
     library, reasons = runtime._load_aot("sm_121a", out)
     assert reasons == [] and library is not None
-    assert library.origin.startswith(f"aot {runtime.shown_folder(out)}/sm_121a "
+    assert library.origin.startswith(f"aot {shown_folder(out)}/sm_121a "
                                      "(nvidia-cutlass-dsl ")
     assert library.functions == {variant.name for variant in aot_variants()}
     assert not library.jit
@@ -43,13 +44,13 @@ def test_the_origin_names_the_folder_as_configured(cute_build, monkeypatch):
 
 def test_an_absolute_folder_is_named_without_the_machine_s_path(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    assert runtime.shown_folder(tmp_path / ".cute-kernels") == ".cute-kernels"
-    assert runtime.shown_folder("build/kernels") == "build/kernels"
+    assert shown_folder(tmp_path / ".cute-kernels") == ".cute-kernels"
+    assert shown_folder("build/kernels") == "build/kernels"
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert runtime.shown_folder(tmp_path / "home" / ".cache" / "k") == "~/.cache/k"
+    assert shown_folder(tmp_path / "home" / ".cache" / "k") == "~/.cache/k"
     elsewhere = tmp_path.parent / "other-folder" / "kernels"
-    assert runtime.shown_folder(elsewhere) == "kernels"
-    assert runtime.shown_folder(tmp_path) == tmp_path.name  # the current directory itself
+    assert shown_folder(elsewhere) == "kernels"
+    assert shown_folder(tmp_path) == tmp_path.name  # the current directory itself
 
 
 def test_a_tampered_build_is_not_loaded(cute_build, tmp_path):
