@@ -77,7 +77,8 @@ def serve_local(host: str, port: int, device: str, preset: str | None, seed: int
       KDABENCH_LOCAL_MAX_BATCHED_TOKENS=N    tokens per prefill call (8192)
       KDABENCH_LOCAL_CACHE_GIB=X             state cache size on the device, LRU (4)
       KDABENCH_LOCAL_CUDA_GRAPHS=1|0         replay each prefill call as a CUDA graph per
-                                             token bucket (0; CUDA, kernel backend)
+                                             token bucket (on for the kernel on CUDA;
+                                             1 elsewhere is an error)
 
     It prints one 'kdabench-local: listening on http://HOST:PORT ...' line on stderr at
     start and one 'kdabench-local: request id=... ttft_ms=...' line per request.

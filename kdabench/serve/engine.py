@@ -21,8 +21,9 @@ split the rest into calls of at most `max_batched_tokens` tokens with the states
 policy keeps (`kdabench.serve.retention`), and let each call write those states straight into
 reserved cache slots. One metadata upload per prompt, no host sync until the logits, and the
 same calls with export on or off: export adds only the kernel's checkpoint writes. With
-`cuda_graphs` (kernel backend, CUDA) each call is a replay of a graph captured per token
-bucket (`kdabench.serve.call_graphs`) instead of every layer's operations queued anew.
+`cuda_graphs` (the default for the kernel backend on CUDA) each call is a replay of a graph
+captured per token bucket (`kdabench.serve.call_graphs`) instead of every layer's operations
+queued anew.
 """
 
 from __future__ import annotations
@@ -209,17 +210,18 @@ class Engine:
         *,
         max_tokens: int = 8192,
         max_slots: int = 2 + CHECKPOINT_CAPACITY,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool | None = None,
     ):
         self.model = model
         self.device = model.device
         self.backend = backend or ("kernel" if self.device.type == "cuda" else "chunk")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown prefill backend {self.backend!r}; expected {BACKENDS}")
-        if cuda_graphs and (self.backend != "kernel" or self.device.type != "cuda"):
+        graphable = self.backend == "kernel" and self.device.type == "cuda"
+        if cuda_graphs and not graphable:
             raise ValueError("CUDA graphs need the kernel backend on a CUDA device "
                              f"(here: {self.backend} on {self.device.type})")
-        self.cuda_graphs = cuda_graphs
+        self.cuda_graphs = graphable if cuda_graphs is None else cuda_graphs
         self._graphs: dict[int, CallGraphs] = {}  # per state pool (its data pointer)
         cfg = model.config
         self.scale = cfg.head_dim**-0.5

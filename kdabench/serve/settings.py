@@ -9,8 +9,9 @@ Read once when the server starts (:meth:`CacheSettings.from_env`):
     KDABENCH_LOCAL_MAX_BATCHED_TOKENS=N       tokens per prefill kernel call (default 8192)
     KDABENCH_LOCAL_CACHE_GIB=X                the state cache's size in GiB (default 4)
     KDABENCH_LOCAL_CUDA_GRAPHS=1|0            replay each prefill call as a CUDA graph per
-                                              token bucket (default 0; CUDA and the kernel
-                                              backend only)
+                                              token bucket (default: on where the server can,
+                                              the kernel backend on CUDA; 1 elsewhere is an
+                                              error)
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class CacheSettings:
     block_tokens: int = 1024
     max_batched_tokens: int = 8192
     cache_gib: float = 4.0
-    cuda_graphs: bool = False
+    cuda_graphs: bool | None = None  # None: on where the engine can (kernel backend, CUDA)
 
     def __post_init__(self) -> None:
         if self.max_batched_tokens < self.block_tokens:
@@ -107,8 +108,12 @@ class CacheSettings:
             block_tokens=_positive_int(env, ENV_BLOCK_TOKENS, 1024),
             max_batched_tokens=_positive_int(env, ENV_MAX_BATCHED_TOKENS, 8192),
             cache_gib=_non_negative(env, ENV_CACHE_GIB, 4.0),
-            cuda_graphs=_flag(env, ENV_CUDA_GRAPHS, False),
+            cuda_graphs=None if _raw(env, ENV_CUDA_GRAPHS) is None
+            else _flag(env, ENV_CUDA_GRAPHS, False),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        recorded = asdict(self)
+        if self.cuda_graphs is None:
+            recorded["cuda_graphs"] = "auto"
+        return recorded

@@ -32,12 +32,17 @@ def test_graphs_need_the_kernel_on_cuda():
     model = KdaModel(ModelConfig(seed=0))
     with pytest.raises(ValueError, match="CUDA graphs need the kernel backend on a CUDA device"):
         Engine(model, "chunk", cuda_graphs=True)
+    # unset, they are on only where the engine can capture them
     assert Engine(model, "chunk").describe() == {"backend": "chunk", "cuda_graphs": False}
+    assert Engine(model, "chunk", cuda_graphs=False).cuda_graphs is False
 
 
 def test_the_setting_reads_from_the_environment():
-    assert CacheSettings.from_env({}).cuda_graphs is False
+    assert CacheSettings.from_env({}).cuda_graphs is None
+    assert CacheSettings.from_env({}).to_dict()["cuda_graphs"] == "auto"
     assert CacheSettings.from_env({"KDABENCH_LOCAL_CUDA_GRAPHS": "1"}).cuda_graphs is True
+    assert CacheSettings.from_env({"KDABENCH_LOCAL_CUDA_GRAPHS": "0"}).to_dict()[
+        "cuda_graphs"] is False
     with pytest.raises(SettingsError, match="KDABENCH_LOCAL_CUDA_GRAPHS='maybe'"):
         CacheSettings.from_env({"KDABENCH_LOCAL_CUDA_GRAPHS": "maybe"})
 
