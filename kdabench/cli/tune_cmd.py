@@ -62,12 +62,14 @@ def tune(queries_path: Path | None, out_path: Path | None, only: tuple[str, ...]
     none passed the check; the profile keeps the others); 2 for bad input (a queries file
     that does not load, an --only pattern that matches no query, bad --reps, no CUDA GPU).
     """
+    from kdabench.receipts.write import portable_command_line
     from kdabench.tune import QueriesError, Tune, TuneError, load_queries, select_queries
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     with user_errors(QueriesError, TuneError):
         queries = select_queries(load_queries(queries_path), only)
-        run = Tune(queries, out=out_path, reps=reps, command_line=["kdabench", *sys.argv[1:]],
+        run = Tune(queries, out=out_path, reps=reps, command_line=portable_command_line(
+                       ["kdabench", *sys.argv[1:]], Path.cwd()),
                    backends=[b.strip() for b in backends.split(",") if b.strip()])
     for note in run.notes:
         print_error(f"note: {note}", style="bold yellow")

@@ -87,6 +87,7 @@ def test_an_only_pattern_matching_nothing_exits_2(monkeypatch, tmp_path, queries
 def test_json_output_and_the_profile_it_writes(monkeypatch, tmp_path, queries_file):
     use_runner(monkeypatch)
     out = tmp_path / "profiles" / "nvidia-h200.json"
+    monkeypatch.setattr(sys, "argv", ["/opt/venv/bin/kdabench", "tune", "--out", str(out)])
     result = invoke("tune", "--queries", queries_file, "--out", out, "--json")
     assert result.exit_code == 0, result.output
     found = json.loads(result.stdout)
@@ -96,7 +97,9 @@ def test_json_output_and_the_profile_it_writes(monkeypatch, tmp_path, queries_fi
         "64x1x(2x32)-C4-precomputed", "64x1x(2x32)-C1-precomputed",
         "128x2x1-C4-precomputed", "128x2x1-C1-precomputed"]
     profile = load_profile(out)
-    assert profile.document["tune"]["command_line"][0] == "kdabench"
+    # the command as a receipt records it: no machine's folders
+    assert profile.document["tune"]["command_line"] == ["kdabench", "tune", "--out",
+                                                        "nvidia-h200.json"]
     query = parse_queries(TINY_QUERIES).queries[2]
     resolved = resolve_config(query.caps("cpu"), device_name=H200, directory=out.parent)
     assert resolved.config.block_v == 64 and resolved.source.startswith("profile nvidia-h200")
