@@ -17,6 +17,7 @@ from kdabench.cli import (
     merge_cmd,
     qualify_cmd,
     report_cmd,
+    reseal_cmd,
     serve_local_cmd,
     serve_sweep_cmd,
     tune_cmd,
@@ -84,6 +85,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 cli.add_command(kernels_cmd.kernels)
 cli.add_command(verify_cmd.verify)
 cli.add_command(merge_cmd.merge)
+cli.add_command(reseal_cmd.reseal)
 cli.add_command(qualify_cmd.qualify)
 cli.add_command(serve_sweep_cmd.serve_sweep)
 cli.add_command(serve_local_cmd.serve_local)

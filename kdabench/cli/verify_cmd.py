@@ -57,6 +57,11 @@ def _render(console: Console, check: Verification) -> None:
         f"  made     {escape(str(check.created_at))} · kdabench {escape(str(check.tool_version))}"
         f" · {escape(commit_text)}"
     )
+    if check.resealed:
+        previous = str(check.resealed.get("previous_sha256"))[:16]
+        console.print(
+            f"  resealed {escape(str(check.resealed.get('at')))} from sha256 {escape(previous)}…"
+        )
     diff = check.sources
     if diff.match:
         console.print(

@@ -15,6 +15,8 @@ A receipt holds::
     cases          [{"id": str, "verdict": "pass"|"fail"|"error"|"skip", ...free fields}]
     summary        {"total": n, "pass": n, "fail": n, "error": n, "skip": n}  (computed)
     status         "complete" | "partial" (an interrupted run)
+    resealed       only on a receipt `kdabench reseal` rewrote (kdabench.receipts.reseal):
+                   its previous sha256, when, and the JSON pointers of the values rewritten
     sha256         sha256 hex of the canonical JSON of every other field
 
 Canonical JSON is ``json.dumps(obj, sort_keys=True, separators=(",", ":"),

@@ -71,6 +71,7 @@ class Verification:
     Source hashes that differ from the tree in hand are reported in ``sources`` and
     ``sources_match``; they do not make a receipt fail to verify. ``problems`` lists
     integrity failures, ``warnings`` other things to say (a partial receipt).
+    ``resealed`` is the receipt's record of a reseal (:mod:`kdabench.receipts.reseal`), if any.
     """
 
     hash_ok: bool
@@ -87,6 +88,7 @@ class Verification:
     git: dict[str, Any]
     sources: SourceDiff
     path: str | None = None
+    resealed: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -119,6 +121,7 @@ class Verification:
             "created_at": self.created_at,
             "tool_version": self.tool_version,
             "git": self.git,
+            "resealed": self.resealed,
             "sources_match": self.sources_match,
             "sources": self.sources.to_dict(),
             "problems": list(self.problems),
@@ -191,6 +194,7 @@ def verify_receipt(
         git=doc.get("git") if isinstance(doc.get("git"), dict) else {},
         sources=diff,
         path=None if path is None else str(path),
+        resealed=doc.get("resealed") if isinstance(doc.get("resealed"), dict) else None,
         problems=problems,
         warnings=warnings,
     )

@@ -282,7 +282,7 @@ class ReceiptWriter:
         return False
 
 
-def _tool_version() -> str:
+def tool_version() -> str:
     import kdabench
 
     version = getattr(kdabench, "__version__", None)
@@ -332,6 +332,6 @@ def new_receipt(
         toolchain=environment.toolchain(),
         git=environment.git_state(repo_root()),
         sources=source_hashes() if sources is None else sources,
-        tool_version=_tool_version(),
+        tool_version=tool_version(),
         created_at=utc_now() if created_at is None else created_at,
     )
