@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
+import math
 import os
 import platform
 import subprocess
@@ -67,7 +68,7 @@ def device_identity(device: str | None = None) -> dict[str, Any]:
 
     identity: dict[str, Any] = dict.fromkeys(DEVICE_KEYS)
     identity["cpu_model"] = _cpu_model()
-    identity["cpu_count"] = _cpu_count()
+    identity["cpu_count"] = usable_cpus()
 
     if parsed.type == "cpu":
         identity.update(
@@ -211,11 +212,26 @@ def _cpu_model() -> str | None:
     return platform.processor() or platform.machine() or None
 
 
-def _cpu_count() -> int | None:
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def cpu_quota(path: Path = CGROUP_CPU_MAX) -> int | None:
+    """The CPUs a cgroup (v2) quota lets this process use, rounded up; None without one."""
     try:
-        return len(os.sched_getaffinity(0))
+        quota, period = path.read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity, capped by a cgroup quota where one is set
+    (what worker counts are sized by, and what a receipt's device records as cpu_count)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count()
+        cpus = os.cpu_count() or 1
+    return min(cpus, cpu_quota() or cpus)
 
 
 def _host_memory_bytes() -> int | None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 
 import pytest
 import torch
 
+from kdabench import environment
 from kdabench.environment import (
     DEVICE_KEYS,
     TOOLCHAIN_DISTRIBUTIONS,
@@ -89,3 +91,14 @@ def test_git_state_of_a_checkout(tmp_path):
     assert len(state["commit"]) == 40 and int(state["commit"], 16) >= 0
     (tmp_path / "a.txt").write_text("b\n")
     assert git_state(tmp_path) == {"commit": state["commit"], "dirty": True}
+
+
+def test_usable_cpus_are_the_affinity_capped_by_a_cgroup_quota(monkeypatch):
+    affinity = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(environment, "cpu_quota", lambda: None)
+    assert environment.usable_cpus() == affinity
+    monkeypatch.setattr(environment, "cpu_quota", lambda: 1)
+    assert environment.usable_cpus() == 1
+    assert environment.device_identity("cpu")["cpu_count"] == 1
+    monkeypatch.setattr(environment, "cpu_quota", lambda: affinity + 4)
+    assert environment.usable_cpus() == affinity

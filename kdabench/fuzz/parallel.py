@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from kdabench.environment import usable_cpus
 from kdabench.fuzz.generate import Limits
 from kdabench.fuzz.run import BackendRun, Campaign, merge_runs
 
@@ -39,26 +40,12 @@ HIGH_SLOT_WORKER = 0
 MAX_CPU_WORKERS = 8
 
 
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-
-
-def cpu_quota(path: Path = CGROUP_CPU_MAX) -> int | None:
-    """The CPUs a cgroup (v2) quota lets this process use, rounded up; None without one."""
-    try:
-        quota, period = path.read_text().split()[:2]
-        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):
-        return None
-
-
 def cpu_workers(cpus: int | None = None) -> int:
     """Workers for a CPU run: one per core this process may use (its affinity, and a cgroup
     quota where one is set; each worker keeps a core busy in the Triton interpreter), at most
     MAX_CPU_WORKERS."""
     if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-            (os.cpu_count() or 1)
-        cpus = min(cpus, cpu_quota() or cpus)
+        cpus = usable_cpus()
     return max(1, min(MAX_CPU_WORKERS, cpus))
 
 

@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kdabench.environment import usable_cpus
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
 from kdabench.qualify.assign import plan_workers
 from kdabench.qualify.merge import merge_qualify_receipts
@@ -75,10 +76,10 @@ MAX_DEFAULT_WORKERS = 8
 
 
 def default_workers(gpus: int, cpus: int | None = None) -> int:
-    """Workers for a GPU-tier run on `gpus` GPUs: one per two CPU cores (a compile takes a
-    core, the worker's own Python another), at most MAX_DEFAULT_WORKERS, at least one per
-    GPU."""
-    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    """Workers for a GPU-tier run on `gpus` GPUs: one per two CPU cores this process may use
+    (a compile takes a core, the worker's own Python another), at most MAX_DEFAULT_WORKERS,
+    at least one per GPU."""
+    cpus = cpus if cpus is not None else usable_cpus()
     return max(gpus, min(MAX_DEFAULT_WORKERS, cpus // 2))
 
 
@@ -218,7 +219,7 @@ def worker_environment(gpu: str | None, workers: int) -> dict[str, str]:
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["TRITON_INTERPRET"] = "1"
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // workers)))
     return env
 
 

@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
+from kdabench.environment import cpu_quota
 from kdabench.fuzz import CPU_LIMITS, Campaign, parallel
 from kdabench.fuzz.run import GPU_LIMITS, BackendRun, merge_runs, warm_up_plan, warm_up_runs
 
@@ -111,5 +112,5 @@ def test_the_cpu_takes_a_worker_per_core_up_to_eight():
 def test_a_cgroup_quota_caps_the_cpus(tmp_path, text, cpus):
     path = tmp_path / "cpu.max"
     path.write_text(text)
-    assert parallel.cpu_quota(path) == cpus
-    assert parallel.cpu_quota(tmp_path / "absent") is None
+    assert cpu_quota(path) == cpus
+    assert cpu_quota(tmp_path / "absent") is None
