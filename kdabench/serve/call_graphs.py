@@ -57,16 +57,16 @@ class _Graph:
 class CallGraphs:
     """The graphs of one engine on one state pool, captured on first use of each bucket.
 
-    call: the engine's padded call (see the module docstring) on that pool; warmup_meta: a
-    metadata row whose sequence starts from zeros and writes only a scratch slot, for the run
-    before each capture (its token count becomes the bucket's).
+    call: the engine's padded call (see the module docstring) on that pool; warmup_row: the
+    metadata row of a call of so many tokens whose sequence starts from zeros and writes only
+    a scratch slot, for the runs of each capture.
     """
 
-    def __init__(self, call: PaddedCall, max_tokens: int, warmup_meta: list[int],
+    def __init__(self, call: PaddedCall, max_tokens: int, warmup_row: Callable[[int], list[int]],
                  device: torch.device):
         self._call = call
         self.max_tokens = max_tokens
-        self._warmup_meta = warmup_meta
+        self._warmup_row = warmup_row
         self._device = device
         self._graphs: dict[int, _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle()  # one memory pool: replays never overlap
@@ -99,8 +99,7 @@ class CallGraphs:
         """Run the call once on a side stream (compiles the kernels, and the allocator learns
         its sizes), then capture it."""
         tokens = torch.zeros(bucket, dtype=torch.int64, device=self._device)
-        row = [0, bucket, *self._warmup_meta[2:]]
-        meta = torch.tensor(row, dtype=torch.int32, device=self._device)
+        meta = torch.tensor(self._warmup_row(bucket), dtype=torch.int32, device=self._device)
         last = torch.full((1,), bucket - 1, dtype=torch.int64, device=self._device)
         side = torch.cuda.Stream(self._device)
         side.wait_stream(torch.cuda.current_stream(self._device))

@@ -326,7 +326,7 @@ class Engine:
             pool, from_metadata = cache.pool, CallSlots(-1, -1)  # the kernel reads m's slots
             self._graphs[key] = CallGraphs(
                 lambda t, m, last: self._run_call(t, pool, from_metadata, m, last),
-                self.max_tokens, CallSlots(-1, cache.scratch(0)).row(1), self.device,
+                self.max_tokens, CallSlots(-1, cache.scratch(0)).row, self.device,
             )  # fmt: skip
         return self._graphs[key]
 
