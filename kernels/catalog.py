@@ -12,8 +12,9 @@ A profile (kernels/profiles.py) names both schemas; one that does not match the 
 refused with `KdaPolicyError`. Bump a version when a field changes meaning; adding or
 removing a field changes the schema by itself (the field names are part of it).
 
-Config schema v2 added `segments`. A v1 profile still loads: its entries were tuned with the
-serial walk, which is segments = 1 (CONFIG_MIGRATIONS fills the fields a version lacks).
+Config schema v2 added `segments`, v3 `solve`. Older profiles still load: their entries were
+tuned with the serial walk (segments = 1) and the substitution solve (CONFIG_MIGRATIONS fills
+the fields a version lacks).
 
 `config_problems` is the validity rule every config must pass (an explicit one in plan(),
 a profile entry, a tuning candidate); `shared_memory_estimate` is the tuner's pre-filter.
@@ -31,9 +32,12 @@ from . import config as kernel_config
 from .config import Caps, KernelConfig
 
 QUERY_VERSION = 1
-CONFIG_VERSION = 2
+CONFIG_VERSION = 3
 # per older config schema version: the fields it lacks and the value its entries ran with
-CONFIG_MIGRATIONS: dict[int, dict[str, Any]] = {1: {"segments": 1}}
+CONFIG_MIGRATIONS: dict[int, dict[str, Any]] = {
+    1: {"segments": 1, "solve": "substitution"},
+    2: {"solve": "substitution"},
+}
 QUERY_FIELDS = ("heads", "head_dim", "dtype", "capacity", "gate", "token_bucket", "seq_bucket")
 WARP_COUNTS = (1, 2, 4, 8, 16)
 DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
@@ -177,7 +181,8 @@ def config_problems(config: KernelConfig, head_dim: int) -> list[str]:
     multiple of 16 (tl.dot tiles); num_warps and prepare_warps in 1, 2, 4, 8, 16;
     num_stages >= 1; dot_precision one of Triton's input precisions; operand_dtype one of
     kernels.config.OPERAND_DTYPES; pipeline one of kernels.config.PIPELINES; segments in
-    1..kernels.config.MAX_SEGMENTS. Fields KernelConfig does not have are not checked.
+    1..kernels.config.MAX_SEGMENTS; solve one of kernels.config.SOLVES, "inverse" only with
+    the split pipeline. Fields KernelConfig does not have are not checked.
     """
     problems = []
     values = config_to_dict(config)
@@ -209,6 +214,11 @@ def config_problems(config: KernelConfig, head_dim: int) -> list[str]:
     if segments is not None and not (isinstance(segments, int) and not isinstance(segments, bool)
                                      and 1 <= segments <= kernel_config.MAX_SEGMENTS):
         problems.append(f"segments {segments} must be in 1..{kernel_config.MAX_SEGMENTS}")
+    solve = values.get("solve")
+    if solve is not None and solve not in kernel_config.SOLVES:
+        problems.append(f"solve {solve!r} must be one of {kernel_config.SOLVES}")
+    elif solve == "inverse" and pipeline not in (None, "split"):
+        problems.append(f"solve 'inverse' runs in the split pipeline only (got {pipeline!r})")
     operand_dtypes = getattr(kernel_config, "OPERAND_DTYPES", None)
     operand = values.get("operand_dtype")
     if operand is not None and operand_dtypes is not None and operand not in operand_dtypes:

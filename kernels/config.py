@@ -11,11 +11,12 @@ import torch
 from .contract import AUTO_BACKEND, BACKENDS, GATE_MODES, MIN_LOWER_BOUND, VALIDATION_MODES
 
 __all__ = ["AUTO_BACKEND", "BACKENDS", "CHUNK_SIZE", "MAX_SEGMENTS", "OPERAND_DTYPES", "PIPELINES",
-           "SHARED_MEMORY_BUDGET_BYTES",
+           "SHARED_MEMORY_BUDGET_BYTES", "SOLVES",
            "Caps", "CuteConfig", "KernelConfig"]
 
 OPERAND_DTYPES = ("float32", "bfloat16")
 PIPELINES = ("fused", "split")
+SOLVES = ("substitution", "inverse")
 CHUNK_SIZE = 32
 SHARED_MEMORY_BUDGET_BYTES = 99 * 1024
 MAX_SEGMENTS = 16
@@ -65,7 +66,11 @@ class KernelConfig:
     slower where small chunks make those states many). segments: ranges of the batch's chunks
     whose state passes run at once, joined exactly by each range's transition and a scan
     (kernels/triton/segments.py); 1 is the serial walk. More programs for few heads and
-    sequences, for about three times the pass's work.
+    sequences, for about three times the pass's work. solve (split pipeline only): how stage 1
+    turns the chunk's triangular system into W and U: "substitution" solves it by block forward
+    substitution in every column-block program; "inverse" forms the chunk's full inverse
+    (I + M)^-1 once per chunk and head, then each column block is one product with it
+    (kernels/triton/prepare_blocks.py).
     """
 
     chunk_size: int = CHUNK_SIZE
@@ -77,6 +82,7 @@ class KernelConfig:
     operand_dtype: str = "float32"
     pipeline: str = "fused"
     segments: int = 1
+    solve: str = SOLVES[0]
 
 
 @dataclass(frozen=True)

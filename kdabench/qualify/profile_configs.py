@@ -35,7 +35,7 @@ _SHORT = {"chunk_size": "c", "block_v": "bv", "num_warps": "w", "num_stages": "s
 
 
 def config_label(config: KernelConfig) -> str:
-    """A KernelConfig in a few words: "c16 bv32 w4 s2 pw4 tf32 bfloat16 split seg1"."""
+    """A KernelConfig in a few words: "c16 bv32 w4 s2 pw4 tf32 bfloat16 split seg1 inverse"."""
     return " ".join(f"{_SHORT[name]}{value}" if name in _SHORT
                     else value if isinstance(value, str) else f"{name}={value}"
                     for name, value in dataclasses.asdict(config).items())

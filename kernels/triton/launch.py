@@ -7,7 +7,12 @@ import triton
 
 from .prefill import kda_checkpoint_kernel, kda_output_kernel, kda_state_pass_kernel
 from .prepare import kda_chunk_prepare_kernel
-from .prepare_blocks import kda_chunk_blocks_kernel, kda_chunk_decay_kernel, kda_chunk_solve_kernel
+from .prepare_blocks import (
+    kda_chunk_blocks_kernel,
+    kda_chunk_decay_kernel,
+    kda_chunk_inverse_kernel,
+    kda_chunk_solve_kernel,
+)
 from .segments import kda_segment_scan_kernel, kda_segment_transition_kernel
 from .validate import kda_validate_kernel
 
@@ -277,7 +282,8 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
 
 def _split_stage_one(binding, stride_slots: int, chunk_base: int, count: int) -> None:
     """The split pipeline's stage 1 for global chunks chunk_base .. chunk_base + count - 1:
-    decay, blocks and solve kernels (prepare_blocks.py)."""
+    decay, blocks and solve kernels (prepare_blocks.py), with the chunk inverse between the
+    last two for config.solve "inverse" (a chunk of one sub-block is its own inverse)."""
     plan = binding.plan
     caps, config, ws = plan.caps, plan.config, plan.workspaces
     H, K = caps.num_heads, caps.head_dim
@@ -296,11 +302,18 @@ def _split_stage_one(binding, stride_slots: int, chunk_base: int, count: int) ->
         QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
         DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK, num_warps=BLOCKS_WARPS,
     )
+    inverse = config.solve == "inverse"
+    if inverse and config.chunk_size > SUB_CHUNK:
+        kda_chunk_inverse_kernel[(count, H)](
+            *located, plan.error_code, ws["ws_A"], stride_slots, chunk_base,
+            CHUNK=config.chunk_size, SUB=SUB_CHUNK, DOT_PRECISION=config.dot_precision,
+            SEARCH_BLOCK=SEARCH_BLOCK, num_warps=config.prepare_warps,
+        )
     kda_chunk_solve_kernel[(count, H, 2 * K // solve_columns)](
         binding.k, binding.v, binding.beta, *located, plan.error_code, ws["ws_G"], ws["ws_A"],
         ws["ws_W"], ws["ws_U"], stride_slots, chunk_base,
         H=H, K=K, V=K, CHUNK=config.chunk_size, SUB=SUB_CHUNK, BC=solve_columns,
         QK_L2NORM=caps.qk_l2norm, BETA_SIGMOID=caps.beta_sigmoid,
-        DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK,
+        DOT_PRECISION=config.dot_precision, SEARCH_BLOCK=SEARCH_BLOCK, INVERSE=inverse,
         num_warps=config.prepare_warps,
     )

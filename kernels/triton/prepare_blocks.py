@@ -10,7 +10,10 @@ anchoring) from three kernels that are parallel within a chunk too.
   trips whatever its I (v9; before, row block I made (I + 1) K / KS trips of 16 x 16 products).
 - kda_chunk_solve_kernel, one program per (chunk, head, column block of W or U): block forward
   substitution X_I = (I + M_II)^-1 (B_I - sum_{J < I} M_IJ X_J) with the sub-blocks in
-  registers.
+  registers (KernelConfig.solve "substitution"), or, after kda_chunk_inverse_kernel has made
+  the chunk's whole inverse T = (I + M)^-1 once per (chunk, head) in ws_A ("inverse"), one
+  [CHUNK, CHUNK] x [CHUNK, BC] product X = T B, so that the four column-block programs of a
+  chunk no longer each walk the sub-blocks' dependent chain.
 
 They fill the same workspaces as kda_chunk_prepare_kernel, plus ws_A (the solve's matrix).
 """
@@ -144,11 +147,77 @@ def kda_chunk_blocks_kernel(
 
 
 @triton.jit
-def _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, J, rs, rk, cols,
+def _block(ws_A, a_row0, I, J, CHUNK: tl.constexpr, SUB: tl.constexpr):
+    """Sub-block (I, J) of the chunk's [CHUNK, CHUNK] matrix in ws_A (a_row0: its first row)."""
+    rs = tl.arange(0, SUB)
+    return tl.load(a_row0 + (I * SUB + rs)[:, None] * CHUNK + J * SUB + rs[None, :])
+
+
+@triton.jit
+def _store_block(ws_A, a_row0, I, J, X, CHUNK: tl.constexpr, SUB: tl.constexpr):
+    rs = tl.arange(0, SUB)
+    tl.store(a_row0 + (I * SUB + rs)[:, None] * CHUNK + J * SUB + rs[None, :], X)
+
+
+@triton.jit
+def kda_chunk_inverse_kernel(
+    cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, ws_A, num_chunk_slots, chunk_base,
+    CHUNK: tl.constexpr, SUB: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SEARCH_BLOCK: tl.constexpr,
+):
+    """T = (I + M)^-1 for a chunk of two or four sub-blocks, in place of M's strictly lower
+    blocks in ws_A (the blocks kernel left the diagonal blocks' inverses D_I there): block
+    forward substitution on the identity, T_II = D_I and
+    T_IJ = -D_I sum_{J <= L < I} M_IL T_LJ. Every block is read before any is written."""
+    tl.static_assert(CHUNK == 2 * SUB or CHUNK == 4 * SUB,
+                     "the inverse is written out for 2 or 4 sub-blocks")
+    c = chunk_base + tl.program_id(0)
+    h = tl.program_id(1)
+    live = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c, CHUNK, SEARCH_BLOCK)[0]
+    if live:
+        a_row0 = ws_A + (h * num_chunk_slots + c.to(tl.int64)) * CHUNK * CHUNK
+        D0 = _block(ws_A, a_row0, 0, 0, CHUNK, SUB)
+        D1 = _block(ws_A, a_row0, 1, 1, CHUNK, SUB)
+        T10 = -tl.dot(D1, tl.dot(_block(ws_A, a_row0, 1, 0, CHUNK, SUB), D0,
+                                 input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
+        if CHUNK == 4 * SUB:
+            D2 = _block(ws_A, a_row0, 2, 2, CHUNK, SUB)
+            D3 = _block(ws_A, a_row0, 3, 3, CHUNK, SUB)
+            M20 = _block(ws_A, a_row0, 2, 0, CHUNK, SUB)
+            M21 = _block(ws_A, a_row0, 2, 1, CHUNK, SUB)
+            M30 = _block(ws_A, a_row0, 3, 0, CHUNK, SUB)
+            M31 = _block(ws_A, a_row0, 3, 1, CHUNK, SUB)
+            M32 = _block(ws_A, a_row0, 3, 2, CHUNK, SUB)
+            T21 = -tl.dot(D2, tl.dot(M21, D1, input_precision=DOT_PRECISION),
+                          input_precision=DOT_PRECISION)
+            T20 = -tl.dot(D2, tl.dot(M20, D0, input_precision=DOT_PRECISION)
+                          + tl.dot(M21, T10, input_precision=DOT_PRECISION),
+                          input_precision=DOT_PRECISION)
+            T32 = -tl.dot(D3, tl.dot(M32, D2, input_precision=DOT_PRECISION),
+                          input_precision=DOT_PRECISION)
+            T31 = -tl.dot(D3, tl.dot(M31, D1, input_precision=DOT_PRECISION)
+                          + tl.dot(M32, T21, input_precision=DOT_PRECISION),
+                          input_precision=DOT_PRECISION)
+            T30 = -tl.dot(D3, tl.dot(M30, D0, input_precision=DOT_PRECISION)
+                          + tl.dot(M31, T10, input_precision=DOT_PRECISION)
+                          + tl.dot(M32, T20, input_precision=DOT_PRECISION),
+                          input_precision=DOT_PRECISION)
+            tl.debug_barrier()
+            _store_block(ws_A, a_row0, 2, 0, T20, CHUNK, SUB)
+            _store_block(ws_A, a_row0, 2, 1, T21, CHUNK, SUB)
+            _store_block(ws_A, a_row0, 3, 0, T30, CHUNK, SUB)
+            _store_block(ws_A, a_row0, 3, 1, T31, CHUNK, SUB)
+            _store_block(ws_A, a_row0, 3, 2, T32, CHUNK, SUB)
+        tl.debug_barrier()
+        _store_block(ws_A, a_row0, 1, 0, T10, CHUNK, SUB)
+
+
+@triton.jit
+def _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, local, rk, cols,
                 IS_W: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                SUB: tl.constexpr, QK_L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr):
-    """Sub-block J of the right side, columns `cols`: beta k exp(G) for W, beta v for U."""
-    local = J * SUB + rs
+                QK_L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr):
+    """Rows `local` of the chunk's right side, columns `cols`: beta k exp(G) for W, beta v
+    for U."""
     tmask = start + local < seqlen
     rows = (bos + start + local) * H + h
     bb = tl.load(beta + rows, mask=tmask, other=0.0).to(tl.float32)
@@ -172,21 +241,33 @@ def _solve_columns(k, v, beta, ws_G, ws_A, out_ptr, out_stride, bos, start, seql
                    h, cols, IS_W: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                    V: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
                    QK_L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
-    """X = (I + M)^-1 B for one column block, written to out_ptr's rows of this chunk."""
+                   DOT_PRECISION: tl.constexpr, INVERSE: tl.constexpr):
+    """X = (I + M)^-1 B for one column block, written to out_ptr's rows of this chunk: from
+    the inverse in ws_A (INVERSE), else by block forward substitution."""
     rs = tl.arange(0, SUB)
     rk = tl.arange(0, K)
     a_row0 = ws_A + chunk_row0 * CHUNK
+    if INVERSE:
+        rc = tl.arange(0, CHUNK)
+        # only the lower triangle of ws_A is written: the upper one holds stale values
+        T = tl.load(a_row0 + rc[:, None] * CHUNK + rc[None, :], mask=rc[None, :] <= rc[:, None],
+                    other=0.0)
+        B = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, rc, rk, cols, IS_W,
+                        H, K, V, QK_L2NORM, BETA_SIGMOID)
+        X = tl.dot(T, B, input_precision=DOT_PRECISION)
+        tl.store(out_ptr + (chunk_row0 + rc)[:, None] * out_stride + cols[None, :],
+                 X.to(out_ptr.dtype.element_ty))
+        return
     X0 = tl.dot(tl.load(a_row0 + rs[:, None] * CHUNK + rs[None, :]),
-                _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, 0, rs, rk,
-                            cols, IS_W, H, K, V, SUB, QK_L2NORM, BETA_SIGMOID),
+                _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, rs, rk,
+                            cols, IS_W, H, K, V, QK_L2NORM, BETA_SIGMOID),
                 input_precision=DOT_PRECISION)
     tl.store(out_ptr + (chunk_row0 + rs)[:, None] * out_stride + cols[None, :],
              X0.to(out_ptr.dtype.element_ty))
     if CHUNK >= 2 * SUB:
         r1 = SUB + rs
-        b = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, 1, rs, rk, cols,
-                        IS_W, H, K, V, SUB, QK_L2NORM, BETA_SIGMOID)
+        b = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, r1, rk,
+                        cols, IS_W, H, K, V, QK_L2NORM, BETA_SIGMOID)
         b -= tl.dot(tl.load(a_row0 + r1[:, None] * CHUNK + rs[None, :]), X0,
                     input_precision=DOT_PRECISION)
         X1 = tl.dot(tl.load(a_row0 + r1[:, None] * CHUNK + r1[None, :]), b,
@@ -195,8 +276,8 @@ def _solve_columns(k, v, beta, ws_G, ws_A, out_ptr, out_stride, bos, start, seql
                  X1.to(out_ptr.dtype.element_ty))
     if CHUNK >= 4 * SUB:
         r2 = 2 * SUB + rs
-        b = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, 2, rs, rk, cols,
-                        IS_W, H, K, V, SUB, QK_L2NORM, BETA_SIGMOID)
+        b = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, r2, rk,
+                        cols, IS_W, H, K, V, QK_L2NORM, BETA_SIGMOID)
         b -= tl.dot(tl.load(a_row0 + r2[:, None] * CHUNK + rs[None, :]), X0,
                     input_precision=DOT_PRECISION)
         b -= tl.dot(tl.load(a_row0 + r2[:, None] * CHUNK + r1[None, :]), X1,
@@ -206,8 +287,8 @@ def _solve_columns(k, v, beta, ws_G, ws_A, out_ptr, out_stride, bos, start, seql
         tl.store(out_ptr + (chunk_row0 + r2)[:, None] * out_stride + cols[None, :],
                  X2.to(out_ptr.dtype.element_ty))
         r3 = 3 * SUB + rs
-        b = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, 3, rs, rk, cols,
-                        IS_W, H, K, V, SUB, QK_L2NORM, BETA_SIGMOID)
+        b = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, r3, rk,
+                        cols, IS_W, H, K, V, QK_L2NORM, BETA_SIGMOID)
         b -= tl.dot(tl.load(a_row0 + r3[:, None] * CHUNK + rs[None, :]), X0,
                     input_precision=DOT_PRECISION)
         b -= tl.dot(tl.load(a_row0 + r3[:, None] * CHUNK + r1[None, :]), X1,
@@ -226,8 +307,10 @@ def kda_chunk_solve_kernel(
     num_chunk_slots, chunk_base, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     CHUNK: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, QK_L2NORM: tl.constexpr,
     BETA_SIGMOID: tl.constexpr, DOT_PRECISION: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+    INVERSE: tl.constexpr,
 ):
-    """W and U, one column block per program, for the chunks from chunk_base on."""
+    """W and U, one column block per program, for the chunks from chunk_base on (INVERSE: from
+    the inverse kda_chunk_inverse_kernel left in ws_A)."""
     tl.static_assert(CHUNK == SUB or CHUNK == 2 * SUB or CHUNK == 4 * SUB,
                      "the solve is written out for 1, 2 or 4 sub-blocks")
     c = chunk_base + tl.program_id(0)
@@ -240,8 +323,8 @@ def kda_chunk_solve_kernel(
         if part < K // BC:
             _solve_columns(k, v, beta, ws_G, ws_A, ws_W, K, bos, start, seqlen, chunk_row0, h,
                            part * BC + tl.arange(0, BC), True, H, K, V, CHUNK, SUB, QK_L2NORM,
-                           BETA_SIGMOID, DOT_PRECISION)
+                           BETA_SIGMOID, DOT_PRECISION, INVERSE)
         else:
             _solve_columns(k, v, beta, ws_G, ws_A, ws_U, V, bos, start, seqlen, chunk_row0, h,
                            (part - K // BC) * BC + tl.arange(0, BC), False, H, K, V, CHUNK, SUB,
-                           QK_L2NORM, BETA_SIGMOID, DOT_PRECISION)
+                           QK_L2NORM, BETA_SIGMOID, DOT_PRECISION, INVERSE)

@@ -80,20 +80,25 @@ def test_kda_prefill_is_registered_with_both_schemas():
     schema = entry.schema()
     assert schema["query"] == {"version": 1, "fields": ["heads", "head_dim", "dtype", "capacity",
                                                         "gate", "token_bucket", "seq_bucket"]}
-    assert schema["config"]["version"] == 2
+    assert schema["config"]["version"] == 3
 
 
-def test_a_v1_profile_loads_with_the_serial_walk(tmp_path):
-    """Config schema v1 had no `segments`: its entries ran the serial walk (segments = 1)."""
+@pytest.mark.parametrize("version, lacking", [(1, ("segments", "solve")), (2, ("solve",))])
+def test_an_older_profile_loads_with_the_serial_walk_and_substitution(tmp_path, version,
+                                                                      lacking):
+    """Config schema v1 had no `segments` and v2 no `solve`: their entries ran the serial walk
+    (segments = 1) and stage 1's substitution solve."""
     schema = CATALOG["kda_prefill"].schema()
-    del schema["config"]["fields"]["segments"]
-    schema["config"]["version"] = 1
-    v1 = {key: value for key, value in dataclasses.asdict(TUNED).items() if key != "segments"}
-    rows = [{"query": KdaQuery.from_caps(caps()).to_dict(), "config": v1,
+    for name in lacking:
+        del schema["config"]["fields"][name]
+    schema["config"]["version"] = version
+    older = {key: value for key, value in dataclasses.asdict(TUNED).items()
+             if key not in lacking}
+    rows = [{"query": KdaQuery.from_caps(caps()).to_dict(), "config": older,
              "measurements": {"median_ms": 1.0}}]
     write_profile(tmp_path, rows=rows, schema=schema)
     resolved = resolve_config(caps(), device_name=H200, directory=tmp_path)
-    assert resolved.config == dataclasses.replace(TUNED, segments=1)
+    assert resolved.config == dataclasses.replace(TUNED, segments=1, solve="substitution")
     assert resolved.source.startswith("profile nvidia-h200.json")
 
 
@@ -276,12 +281,12 @@ def _schema(**changes):
 
 @pytest.mark.parametrize("changes, fragment", [
     ({"schema": _schema(query__version=2)}, "query schema v2"),
-    ({"schema": _schema(config__version=3)}, "config schema v3"),
-    ({"schema": _schema(config__version=1)}, "config schema v1"),  # v1 lacks segments
+    ({"schema": _schema(config__version=4)}, "config schema v4"),
+    ({"schema": _schema(config__version=1)}, "config schema v1"),  # v1 lacks segments, solve
     ({"schema": _schema(query__fields=["heads", "head_dim"])},
      "query schema v1 (heads, head_dim) does not match"),
     ({"schema": _schema(config__fields={"block_v": {}, "num_warps": {}})},
-     "config schema v2 (block_v, num_warps) does not match"),
+     "config schema v3 (block_v, num_warps) does not match"),
     ({"schema": None}, "no 'schema' object"),
 ], ids=["query-version", "config-version", "config-v1-fields", "query-fields", "config-fields",
         "no-schema"])

@@ -281,14 +281,17 @@ def test_accuracy_against_float64(case_id):
     assert not failures, f"{case_id}: " + "; ".join(failures)
 
 
-@pytest.mark.parametrize("pipeline", ["fused", "split"])
+@pytest.mark.parametrize("pipeline, solve", [
+    ("fused", "substitution"), ("split", "substitution"), ("split", "inverse")],
+    ids=["fused", "split", "split-inverse"])
 @pytest.mark.parametrize("chunk_size, segments", [(16, 1), (64, 1), (64, 8)],
                          ids=["c16", "c64", "c64-segments8"])
 @pytest.mark.parametrize("case_id", ["T8192-N64-H16-K128-ragged", "T65536-N1-H4-K128-i64"])
-def test_pipelines_against_float64(pipeline, chunk_size, segments, case_id):
-    """Each pipeline under an explicit config (bf16 operands, as the H200 profile picks), with
-    the serial walk and with eight parallel segments, on a ragged 64-sequence batch and on one
-    long sequence, four checkpoints per sequence, against the float64 recurrence."""
+def test_pipelines_against_float64(pipeline, solve, chunk_size, segments, case_id):
+    """Each pipeline (the split one with either solve of stage 1) under an explicit config (bf16
+    operands, as the H200 profile picks), with the serial walk and with eight parallel
+    segments, on a ragged 64-sequence batch and on one long sequence, four checkpoints per
+    sequence, against the float64 recurrence."""
     _, lengths, heads, dim, _, _, index_dtype, seed = CASES_BY_ID[case_id]
     x = case_inputs(case_id)
     call = Call(lengths, seed, index_dtype)
@@ -298,14 +301,15 @@ def test_pipelines_against_float64(pipeline, chunk_size, segments, case_id):
                 max_seqs=len(lengths), max_state_slots=call.num_slots,
                 max_checkpoints=CAPACITY)
     config = KernelConfig(chunk_size=chunk_size, block_v=16, num_stages=2,
-                          operand_dtype="bfloat16", pipeline=pipeline, segments=segments)
+                          operand_dtype="bfloat16", pipeline=pipeline, segments=segments,
+                          solve=solve)
     binding = bind(plan(caps, config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
                    **call.tensors())
     binding.out.fill_(SENTINEL)
     result = run(binding)
     assert int(result.error_code) == 0, result.message()
     errors, _ = errors_against_float64(x, call, pool, result.o)
-    ERRORS[f"{case_id}-{pipeline}-c{chunk_size}-s{segments}"] = errors
+    ERRORS[f"{case_id}-{pipeline}-{solve}-c{chunk_size}-s{segments}"] = errors
     assert errors["unwritten_rows"] == 0 and errors["written_past_live"] == 0
     failures = tolerance_failures(errors)
     assert not failures, f"{pipeline} c{chunk_size} segments {segments}: " + "; ".join(failures)

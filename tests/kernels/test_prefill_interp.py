@@ -279,14 +279,17 @@ def test_planned_binding_reused_with_new_metadata(seed):
         assert bool((rest == SENTINEL).all()), "rows past the live tokens were written"
 
 
-@pytest.mark.parametrize("pipeline", ["fused", "split"])
+@pytest.mark.parametrize("pipeline, solve", [
+    ("fused", "substitution"), ("split", "substitution"), ("split", "inverse")],
+    ids=["fused", "split", "split-inverse"])
 @pytest.mark.parametrize("chunk_size, block_v, fused_norms", [
     (16, 16, False), (32, 32, True), (64, 16, False), (64, 64, True)],
     ids=["c16-bv16", "c32-bv32-l2norm", "c64-bv16", "c64-bv64-l2norm"])
-def test_kernel_configs_match_recurrent_oracle(pipeline, chunk_size, block_v, fused_norms, seed):
-    """Each pipeline at each chunk size (one, two and four 16-token sub-blocks in stage 1) and V
-    block, on sequences spanning several chunks, a partial last chunk and checkpoints inside
-    chunks, against the float64 recurrence."""
+def test_kernel_configs_match_recurrent_oracle(pipeline, solve, chunk_size, block_v, fused_norms,
+                                               seed):
+    """Each pipeline (the split one with either solve of stage 1) at each chunk size (one, two
+    and four 16-token sub-blocks in stage 1) and V block, on sequences spanning several chunks,
+    a partial last chunk and checkpoints inside chunks, against the float64 recurrence."""
     lengths, heads, dim = [150, 5, 64], 2, 64
     checkpoints = [[1, 63, 64, 100], [N_, 4, N_, N_], [16, N_, 48, 63]]
     x = make_inputs(lengths, heads, dim, gate="softplus", qk_l2norm=fused_norms,
@@ -295,7 +298,7 @@ def test_kernel_configs_match_recurrent_oracle(pipeline, chunk_size, block_v, fu
     caps = Caps(device="cpu", num_heads=heads, head_dim=dim, max_tokens=sum(lengths),
                 max_seqs=len(lengths), max_state_slots=num_slots, max_checkpoints=4,
                 gate="softplus", qk_l2norm=fused_norms, beta_sigmoid=fused_norms)
-    config = KernelConfig(chunk_size=chunk_size, block_v=block_v, pipeline=pipeline)
+    config = KernelConfig(chunk_size=chunk_size, block_v=block_v, pipeline=pipeline, solve=solve)
     planned = plan(caps, config)
     assert ("ws_S" in planned.workspaces) == (pipeline == "split")
     run_checked(planned, x, meta, make_pool(meta, num_slots, x, seed))

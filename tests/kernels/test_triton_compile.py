@@ -4,8 +4,9 @@ The interpreter tests run the kernels as Python, so a kernel can pass them all a
 to compile for the device (a branch whose arms return different types is one such case): this
 drives the launch in a subprocess without TRITON_INTERPRET and compiles each launched kernel
 (tests/kernels/triton_offline_compile.py), with no device time. For sm_90 (H200): fused and
-split configs, both capacities, every gate mode, qk_l2norm, parallel segments. For sm_121 (GB10, which has no
-tuning profile): the heuristic's configs, within its 99 KB of shared memory per program.
+split configs (both solves of stage 1), both capacities, every gate mode, qk_l2norm, parallel
+segments. For sm_121 (GB10, which has no tuning profile): the heuristic's configs, within its
+99 KB of shared memory per program.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ SCRIPT = Path(__file__).with_name("triton_offline_compile.py")
 KERNELS = {"kda_validate_kernel", "kda_chunk_prepare_kernel", "kda_state_pass_kernel",
            "kda_checkpoint_kernel", "kda_chunk_decay_kernel", "kda_chunk_blocks_kernel",
            "kda_chunk_solve_kernel", "kda_output_kernel", "kda_segment_transition_kernel",
-           "kda_segment_scan_kernel"}
+           "kda_segment_scan_kernel", "kda_chunk_inverse_kernel"}
 H200_SHARED_BYTES = 227 * 1024
 
 

@@ -79,6 +79,9 @@ def random_pool(num_slots: int = NUM_SLOTS, seed: int = 3) -> torch.Tensor:
 # The split pipeline (decay, blocks and solve kernels, the state pass without the output, the
 # checkpoint and output kernels), at 16-token chunks so that checkpoints fall inside chunks.
 SPLIT = KernelConfig(chunk_size=16, block_v=16, pipeline="split")
+# The split pipeline solving stage 1 from each chunk's inverse (its own kernel from two
+# sub-blocks on, hence 32-token chunks).
+SPLIT_INVERSE = KernelConfig(chunk_size=32, block_v=16, pipeline="split", solve="inverse")
 
 
 def call(meta: dict, capacity: int, num_tokens: int = 42, dtype=torch.int32,
@@ -142,7 +145,8 @@ def set_at(row: int, column: int | None, value: int):
     return edit
 
 
-@pytest.mark.parametrize("config", [None, SPLIT], ids=["default", "split"])
+@pytest.mark.parametrize("config", [None, SPLIT, SPLIT_INVERSE],
+                         ids=["default", "split", "split-inverse"])
 @pytest.mark.parametrize("capacity", [1, 2, 4], ids=["C1", "C2", "C4"])
 def test_valid_base_metadata_is_accepted(capacity, config):
     """The layout the fault tests edit is valid: each rejection comes from its one edit."""
@@ -426,11 +430,13 @@ def test_bad_checkpoint_offset(capacity, changes):
     (4, {"ck_slots": set_at(0, 1, NUM_SLOTS)}, RANGE),
     (4, {"ck_offsets": set_at(0, 2, 5)}, OFFSET),
 ], ids=["duplicate-write", "write-on-other-initial", "lengths", "slot-range", "offset"])
-def test_split_pipeline_rejects_each_fault_class(capacity, changes, fault):
-    """The split pipeline's kernels honour the error code as the default ones do: each fault
-    class leaves the pool bit for bit unchanged and the whole output NaN."""
+@pytest.mark.parametrize("config", [SPLIT, SPLIT_INVERSE], ids=["split", "split-inverse"])
+def test_split_pipeline_rejects_each_fault_class(capacity, changes, fault, config):
+    """The split pipeline's kernels (with either solve of stage 1) honour the error code as the
+    default ones do: each fault class leaves the pool bit for bit unchanged and the whole
+    output NaN."""
     meta = edited(capacity, changes)
-    assert_rejected(*call(meta, capacity, config=SPLIT), fault, expected_code(meta, capacity))
+    assert_rejected(*call(meta, capacity, config=config), fault, expected_code(meta, capacity))
 
 
 def test_only_the_null_index_makes_a_checkpoint_inactive():

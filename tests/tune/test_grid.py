@@ -50,7 +50,14 @@ def test_the_default_grid_times_every_combination_and_the_heuristic():
     combinations = 1
     for values in queries.grid.values():
         combinations *= len(values)
-    assert not found.refused  # bf16 operands fit every combination in the CPU budget
+    # bf16 operands fit every combination in the CPU budget; only the inverse solve, which
+    # the fused pipeline does not have, is refused there
+    assert found.refused
+    for config, reason in found.refused:
+        assert (config.pipeline, config.solve) == ("fused", "inverse")
+        assert reason == "solve 'inverse' runs in the split pipeline only (got 'fused')"
+    assert len(found.refused) == combinations // 4
     assert found.configs[0] == found.heuristic not in found.configs[1:]
-    assert len(found.configs) == 1 + combinations == len(set(found.configs))
-    assert {c.pipeline for c in found.configs} == {"fused", "split"}
+    assert len(found.configs) == 1 + combinations - len(found.refused) == len(set(found.configs))
+    assert {(c.pipeline, c.solve) for c in found.configs} == {
+        ("fused", "substitution"), ("split", "substitution"), ("split", "inverse")}

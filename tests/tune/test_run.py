@@ -118,19 +118,22 @@ def test_entries_for_other_queries_are_kept(tmp_path, tiny):
     assert {q.capacity for q in profile.entries} == {1, 4} and len(profile.entries) == 4
 
 
-def test_entries_of_an_older_config_schema_are_kept_migrated(tmp_path, tiny):
-    """A profile of config schema v1 (no `segments`) loads; a run that tunes other queries
-    keeps its entries with the migrated field, so the profile it writes loads again."""
+@pytest.mark.parametrize("version, lacking", [(1, ("segments", "solve")), (2, ("solve",))])
+def test_entries_of_an_older_config_schema_are_kept_migrated(tmp_path, tiny, version, lacking):
+    """A profile of config schema v1 (no `segments`, no `solve`) or v2 (no `solve`) loads; a
+    run that tunes other queries keeps its entries with the migrated fields, so the profile it
+    writes loads again."""
     from kdabench.kernels.catalog import CATALOG, KdaQuery
     from kdabench.kernels.profiles import profile_document
 
     first = parse_queries(TINY_QUERIES.replace("capacities = [4, 1]", "capacities = [4]"))
     old = KernelConfig(block_v=32, num_warps=8)
-    v1 = {k: v for k, v in dataclasses.asdict(old).items() if k != "segments"}
+    older = {k: v for k, v in dataclasses.asdict(old).items() if k not in lacking}
     schema = CATALOG["kda_prefill"].schema()
-    del schema["config"]["fields"]["segments"]
-    schema["config"]["version"] = 1
-    document = profile_document(H200, [{"query": q.catalog_query().to_dict(), "config": v1,
+    for name in lacking:
+        del schema["config"]["fields"][name]
+    schema["config"]["version"] = version
+    document = profile_document(H200, [{"query": q.catalog_query().to_dict(), "config": older,
                                         "measurements": {}} for q in first.queries])
     document["schema"] = schema
     path = tmp_path / "nvidia-h200.json"
