@@ -309,7 +309,8 @@ def _split_stage_one(binding, stride_slots: int, chunk_base: int, count: int) ->
             CHUNK=config.chunk_size, SUB=SUB_CHUNK, DOT_PRECISION=config.dot_precision,
             SEARCH_BLOCK=SEARCH_BLOCK, num_warps=config.prepare_warps,
         )
-    kda_chunk_solve_kernel[(count, H, 2 * K // solve_columns)](
+    # W and U in separate programs by substitution, together from the inverse
+    kda_chunk_solve_kernel[(count, H, (1 if inverse else 2) * K // solve_columns)](
         binding.k, binding.v, binding.beta, *located, plan.error_code, ws["ws_G"], ws["ws_A"],
         ws["ws_W"], ws["ws_U"], stride_slots, chunk_base,
         H=H, K=K, V=K, CHUNK=config.chunk_size, SUB=SUB_CHUNK, BC=solve_columns,

@@ -12,8 +12,9 @@ anchoring) from three kernels that are parallel within a chunk too.
   substitution X_I = (I + M_II)^-1 (B_I - sum_{J < I} M_IJ X_J) with the sub-blocks in
   registers (KernelConfig.solve "substitution"), or, after kda_chunk_inverse_kernel has made
   the chunk's whole inverse T = (I + M)^-1 once per (chunk, head) in ws_A ("inverse"), one
-  [CHUNK, CHUNK] x [CHUNK, BC] product X = T B, so that the four column-block programs of a
-  chunk no longer each walk the sub-blocks' dependent chain.
+  program per (chunk, head, column block of both) with two [CHUNK, CHUNK] x [CHUNK, BC]
+  products W = T B_W and U = T B_U, so that no program walks the sub-blocks' dependent chain
+  and T is read once per column block.
 
 They fill the same workspaces as kda_chunk_prepare_kernel, plus ws_A (the solve's matrix).
 """
@@ -241,23 +242,12 @@ def _solve_columns(k, v, beta, ws_G, ws_A, out_ptr, out_stride, bos, start, seql
                    h, cols, IS_W: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                    V: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
                    QK_L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, INVERSE: tl.constexpr):
-    """X = (I + M)^-1 B for one column block, written to out_ptr's rows of this chunk: from
-    the inverse in ws_A (INVERSE), else by block forward substitution."""
+                   DOT_PRECISION: tl.constexpr):
+    """X = (I + M)^-1 B for one column block by block forward substitution, written to
+    out_ptr's rows of this chunk."""
     rs = tl.arange(0, SUB)
     rk = tl.arange(0, K)
     a_row0 = ws_A + chunk_row0 * CHUNK
-    if INVERSE:
-        rc = tl.arange(0, CHUNK)
-        # only the lower triangle of ws_A is written: the upper one holds stale values
-        T = tl.load(a_row0 + rc[:, None] * CHUNK + rc[None, :], mask=rc[None, :] <= rc[:, None],
-                    other=0.0)
-        B = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, rc, rk, cols, IS_W,
-                        H, K, V, QK_L2NORM, BETA_SIGMOID)
-        X = tl.dot(T, B, input_precision=DOT_PRECISION)
-        tl.store(out_ptr + (chunk_row0 + rc)[:, None] * out_stride + cols[None, :],
-                 X.to(out_ptr.dtype.element_ty))
-        return
     X0 = tl.dot(tl.load(a_row0 + rs[:, None] * CHUNK + rs[None, :]),
                 _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, rs, rk,
                             cols, IS_W, H, K, V, QK_L2NORM, BETA_SIGMOID),
@@ -302,6 +292,29 @@ def _solve_columns(k, v, beta, ws_G, ws_A, out_ptr, out_stride, bos, start, seql
 
 
 @triton.jit
+def _columns_from_inverse(k, v, beta, ws_G, ws_A, ws_W, ws_U, bos, start, seqlen, chunk_row0, h,
+                          cols, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                          CHUNK: tl.constexpr, QK_L2NORM: tl.constexpr,
+                          BETA_SIGMOID: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Columns `cols` of both W = T B_W and U = T B_U from the chunk's inverse T in ws_A: one
+    read of T serves both."""
+    rc = tl.arange(0, CHUNK)
+    rk = tl.arange(0, K)
+    rows = chunk_row0 + rc
+    # only the lower triangle of ws_A is written: the upper one holds stale values
+    T = tl.load(ws_A + rows[:, None] * CHUNK + rc[None, :], mask=rc[None, :] <= rc[:, None],
+                other=0.0)
+    B = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, rc, rk, cols, True, H,
+                    K, V, QK_L2NORM, BETA_SIGMOID)
+    tl.store(ws_W + rows[:, None] * K + cols[None, :],
+             tl.dot(T, B, input_precision=DOT_PRECISION).to(ws_W.dtype.element_ty))
+    B = _right_side(k, v, beta, ws_G, bos, start, seqlen, chunk_row0, h, rc, rk, cols, False, H,
+                    K, V, QK_L2NORM, BETA_SIGMOID)
+    tl.store(ws_U + rows[:, None] * V + cols[None, :],
+             tl.dot(T, B, input_precision=DOT_PRECISION).to(ws_U.dtype.element_ty))
+
+
+@triton.jit
 def kda_chunk_solve_kernel(
     k, v, beta, cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, ws_G, ws_A, ws_W, ws_U,
     num_chunk_slots, chunk_base, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -309,8 +322,9 @@ def kda_chunk_solve_kernel(
     BETA_SIGMOID: tl.constexpr, DOT_PRECISION: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
     INVERSE: tl.constexpr,
 ):
-    """W and U, one column block per program, for the chunks from chunk_base on (INVERSE: from
-    the inverse kda_chunk_inverse_kernel left in ws_A)."""
+    """W and U for the chunks from chunk_base on: one column block of W or U per program by
+    substitution, or (INVERSE) one column block of both from the inverse that
+    kda_chunk_inverse_kernel left in ws_A."""
     tl.static_assert(CHUNK == SUB or CHUNK == 2 * SUB or CHUNK == 4 * SUB,
                      "the solve is written out for 1, 2 or 4 sub-blocks")
     c = chunk_base + tl.program_id(0)
@@ -320,11 +334,15 @@ def kda_chunk_solve_kernel(
                                          CHUNK, SEARCH_BLOCK)
     if live:
         chunk_row0 = (h * num_chunk_slots + c.to(tl.int64)) * CHUNK
-        if part < K // BC:
+        if INVERSE:
+            _columns_from_inverse(k, v, beta, ws_G, ws_A, ws_W, ws_U, bos, start, seqlen,
+                                  chunk_row0, h, part * BC + tl.arange(0, BC), H, K, V, CHUNK,
+                                  QK_L2NORM, BETA_SIGMOID, DOT_PRECISION)
+        elif part < K // BC:
             _solve_columns(k, v, beta, ws_G, ws_A, ws_W, K, bos, start, seqlen, chunk_row0, h,
                            part * BC + tl.arange(0, BC), True, H, K, V, CHUNK, SUB, QK_L2NORM,
-                           BETA_SIGMOID, DOT_PRECISION, INVERSE)
+                           BETA_SIGMOID, DOT_PRECISION)
         else:
             _solve_columns(k, v, beta, ws_G, ws_A, ws_U, V, bos, start, seqlen, chunk_row0, h,
                            (part - K // BC) * BC + tl.arange(0, BC), False, H, K, V, CHUNK, SUB,
-                           QK_L2NORM, BETA_SIGMOID, DOT_PRECISION, INVERSE)
+                           QK_L2NORM, BETA_SIGMOID, DOT_PRECISION)
