@@ -13,8 +13,8 @@ refused with `KdaPolicyError`. Bump a version when a field changes meaning; addi
 removing a field changes the schema by itself (the field names are part of it).
 
 Config schema v2 added `segments`, v3 `solve`. Older profiles still load: their entries were
-tuned with the serial walk (segments = 1) and the substitution solve (CONFIG_MIGRATIONS fills
-the fields a version lacks).
+tuned with the serial walk (segments = 1) and the substitution solve (CONFIG_ADDITIONS names
+what each version added, and a profile of an older one gets every later addition).
 
 `config_problems` is the validity rule every config must pass (an explicit one in plan(),
 a profile entry, a tuning candidate); `shared_memory_estimate` is the tuner's pre-filter.
@@ -33,11 +33,9 @@ from .config import Caps, KernelConfig
 
 QUERY_VERSION = 1
 CONFIG_VERSION = 3
-# per older config schema version: the fields it lacks and the value its entries ran with
-CONFIG_MIGRATIONS: dict[int, dict[str, Any]] = {
-    1: {"segments": 1, "solve": "substitution"},
-    2: {"solve": "substitution"},
-}
+# per config schema version: the fields it added, with the value entries of earlier versions
+# ran with
+CONFIG_ADDITIONS: dict[int, dict[str, Any]] = {2: {"segments": 1}, 3: {"solve": "substitution"}}
 QUERY_FIELDS = ("heads", "head_dim", "dtype", "capacity", "gate", "token_bucket", "seq_bucket")
 WARP_COUNTS = (1, 2, 4, 8, 16)
 DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .catalog import (
-    CONFIG_MIGRATIONS,
+    CONFIG_ADDITIONS,
     CONFIG_VERSION,
     KDA_PREFILL,
     QUERY_FIELDS,
@@ -237,11 +237,13 @@ def check_schema(schema: Any, label: str) -> dict[str, Any]:
 def config_migration(version: Any) -> dict[str, Any] | None:
     """The fields a config of schema `version` lacks, with the values its entries ran with
     ({} for the current version); None for a version this kdabench cannot read."""
-    if version == CONFIG_VERSION:
-        return {}
-    if isinstance(version, int) and not isinstance(version, bool):
-        return CONFIG_MIGRATIONS.get(version)
-    return None
+    if not isinstance(version, int) or isinstance(version, bool) \
+            or not 1 <= version <= CONFIG_VERSION:
+        return None
+    added: dict[str, Any] = {}
+    for later in range(version + 1, CONFIG_VERSION + 1):
+        added.update(CONFIG_ADDITIONS[later])
+    return added
 
 
 def _names(fields: Any) -> str:

@@ -107,9 +107,10 @@ def test_each_distinct_config_is_run_and_checked(tmp_path, profile_folder, plann
         assert 0 < checked["errors"]["checkpoint"] < 3e-3
         assert 0 < checked["errors"]["final_state"] < 3e-3
     lines = case["checks"]["configs"]
-    assert lines[0].startswith(f"c16 bv16 w4 s2 pw4 tf32 float32 fused seg1 substitution (profile entry for "
-                               f"{query().describe()}): output ")
-    assert lines[1].startswith("c32 bv32 w4 s3 pw4 tf32 float32 fused seg1 substitution (profile entries for ")
+    assert lines[0].startswith("c16 bv16 w4 s2 pw4 tf32 float32 fused seg1 substitution "
+                               f"(profile entry for {query().describe()}): output ")
+    assert lines[1].startswith("c32 bv32 w4 s3 pw4 tf32 float32 fused seg1 substitution "
+                               "(profile entries for ")
     assert all(" <= 5.0e-03" in line and line.endswith("unwritten slots unchanged -> pass")
                for line in lines)
     assert case["errors"]["output"] == max(small["errors"]["output"], large["errors"]["output"])
@@ -131,7 +132,8 @@ def test_one_wrong_config_fails_the_case(tmp_path, profile_folder, monkeypatch):
     monkeypatch.setattr(kernels, "run", wrong_with_small_chunks)
     case = run_case(tmp_path)
     assert case["verdict"] == "fail"
-    assert case["message"].startswith("c16 bv16 w4 s2 pw4 tf32 float32 fused seg1 substitution: output ")
+    assert case["message"].startswith(
+        "c16 bv16 w4 s2 pw4 tf32 float32 fused seg1 substitution: output ")
     assert "final_state" in case["message"] and "c32" not in case["message"]
     small, large = case["details"]["configs"]
     assert (small["verdict"], large["verdict"]) == ("fail", "pass")

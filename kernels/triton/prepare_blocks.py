@@ -148,14 +148,14 @@ def kda_chunk_blocks_kernel(
 
 
 @triton.jit
-def _block(ws_A, a_row0, I, J, CHUNK: tl.constexpr, SUB: tl.constexpr):
-    """Sub-block (I, J) of the chunk's [CHUNK, CHUNK] matrix in ws_A (a_row0: its first row)."""
+def _block(a_row0, I, J, CHUNK: tl.constexpr, SUB: tl.constexpr):
+    """Sub-block (I, J) of a chunk's [CHUNK, CHUNK] matrix in ws_A (a_row0: its first row)."""
     rs = tl.arange(0, SUB)
     return tl.load(a_row0 + (I * SUB + rs)[:, None] * CHUNK + J * SUB + rs[None, :])
 
 
 @triton.jit
-def _store_block(ws_A, a_row0, I, J, X, CHUNK: tl.constexpr, SUB: tl.constexpr):
+def _store_block(a_row0, I, J, X, CHUNK: tl.constexpr, SUB: tl.constexpr):
     rs = tl.arange(0, SUB)
     tl.store(a_row0 + (I * SUB + rs)[:, None] * CHUNK + J * SUB + rs[None, :], X)
 
@@ -177,18 +177,18 @@ def kda_chunk_inverse_kernel(
     live = chunk_of(cu_seqlens, num_seqs_ptr, chunk_offsets, err_ptr, c, CHUNK, SEARCH_BLOCK)[0]
     if live:
         a_row0 = ws_A + (h * num_chunk_slots + c.to(tl.int64)) * CHUNK * CHUNK
-        D0 = _block(ws_A, a_row0, 0, 0, CHUNK, SUB)
-        D1 = _block(ws_A, a_row0, 1, 1, CHUNK, SUB)
-        T10 = -tl.dot(D1, tl.dot(_block(ws_A, a_row0, 1, 0, CHUNK, SUB), D0,
+        D0 = _block(a_row0, 0, 0, CHUNK, SUB)
+        D1 = _block(a_row0, 1, 1, CHUNK, SUB)
+        T10 = -tl.dot(D1, tl.dot(_block(a_row0, 1, 0, CHUNK, SUB), D0,
                                  input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
         if CHUNK == 4 * SUB:
-            D2 = _block(ws_A, a_row0, 2, 2, CHUNK, SUB)
-            D3 = _block(ws_A, a_row0, 3, 3, CHUNK, SUB)
-            M20 = _block(ws_A, a_row0, 2, 0, CHUNK, SUB)
-            M21 = _block(ws_A, a_row0, 2, 1, CHUNK, SUB)
-            M30 = _block(ws_A, a_row0, 3, 0, CHUNK, SUB)
-            M31 = _block(ws_A, a_row0, 3, 1, CHUNK, SUB)
-            M32 = _block(ws_A, a_row0, 3, 2, CHUNK, SUB)
+            D2 = _block(a_row0, 2, 2, CHUNK, SUB)
+            D3 = _block(a_row0, 3, 3, CHUNK, SUB)
+            M20 = _block(a_row0, 2, 0, CHUNK, SUB)
+            M21 = _block(a_row0, 2, 1, CHUNK, SUB)
+            M30 = _block(a_row0, 3, 0, CHUNK, SUB)
+            M31 = _block(a_row0, 3, 1, CHUNK, SUB)
+            M32 = _block(a_row0, 3, 2, CHUNK, SUB)
             T21 = -tl.dot(D2, tl.dot(M21, D1, input_precision=DOT_PRECISION),
                           input_precision=DOT_PRECISION)
             T20 = -tl.dot(D2, tl.dot(M20, D0, input_precision=DOT_PRECISION)
@@ -204,13 +204,13 @@ def kda_chunk_inverse_kernel(
                           + tl.dot(M32, T20, input_precision=DOT_PRECISION),
                           input_precision=DOT_PRECISION)
             tl.debug_barrier()
-            _store_block(ws_A, a_row0, 2, 0, T20, CHUNK, SUB)
-            _store_block(ws_A, a_row0, 2, 1, T21, CHUNK, SUB)
-            _store_block(ws_A, a_row0, 3, 0, T30, CHUNK, SUB)
-            _store_block(ws_A, a_row0, 3, 1, T31, CHUNK, SUB)
-            _store_block(ws_A, a_row0, 3, 2, T32, CHUNK, SUB)
+            _store_block(a_row0, 2, 0, T20, CHUNK, SUB)
+            _store_block(a_row0, 2, 1, T21, CHUNK, SUB)
+            _store_block(a_row0, 3, 0, T30, CHUNK, SUB)
+            _store_block(a_row0, 3, 1, T31, CHUNK, SUB)
+            _store_block(a_row0, 3, 2, T32, CHUNK, SUB)
         tl.debug_barrier()
-        _store_block(ws_A, a_row0, 1, 0, T10, CHUNK, SUB)
+        _store_block(a_row0, 1, 0, T10, CHUNK, SUB)
 
 
 @triton.jit
