@@ -1,5 +1,6 @@
 """Stage 1 of the split pipeline: the chunk's WY form (see prepare.py for the algebra and the
-anchoring) from three kernels that are parallel within a chunk too.
+anchoring) from three kernels that are parallel within a chunk too (four with the inverse
+solve).
 
 - kda_chunk_decay_kernel, one program per (chunk, head): G and exp(G_last).
 - kda_chunk_blocks_kernel, one program per (chunk, head, row sub-block I): qg = q exp(G),
