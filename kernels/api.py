@@ -154,9 +154,8 @@ BACKEND_TABLE: dict[str, Backend] = {
         config_type=CuteConfig,
         wrong_config="takes no Triton config",
         device_ineligibility=lambda device: cute_launch.device_ineligibility(_concrete(device)),
-        config_problems=lambda config, head_dim: [],
-        allocate_workspaces=lambda caps, config, device: cute_launch.allocate_workspaces(
-            caps, device),
+        config_problems=lambda config, head_dim: cute_launch.config_problems(config),
+        allocate_workspaces=cute_launch.allocate_workspaces,
         binding_problems=cute_launch.binding_problems,
         run=cute_launch.run,
     ),

@@ -12,7 +12,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 from cutlass.cute.typing import sym_int64
 
-from . import source
+from . import chunk_source, source
 from .variants import Variant
 
 _ELEMENT = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32,
@@ -45,13 +45,29 @@ def _arguments(variant: Variant) -> tuple[object, list]:
                    _flat(F32)]
         return source.kda_prepare, [*tensors, i64, i64, cutlass.Float32(0),
                                     cutlass.Float32(0), stream, const["K"], const["GATE"],
-                                    bool(const["L2"]), bool(const["BSIG"])]
+                                    bool(const["L2"]), bool(const["BSIG"]),
+                                    bool(const["LOG"])]
     if variant.kernel == "state_pass":
         tensors = [_flat(dt["v"]), _flat(dt["out"]), _flat(F32), _flat(F32), _flat(F32),
                    _flat(F32), _flat(F32), _flat(I64), _flat(I32), _flat(I64), _flat(I64),
                    _flat(I64), _flat(I64), _flat(I32)]
         return source.kda_state_pass, [*tensors, i64, i64, i64, stream, const["K"],
                                        const["CK"]]
+    if variant.kernel == "chunk_index":
+        return chunk_source.kda_chunk_index, [_flat(I64), _flat(I32), _flat(I32), _flat(I64),
+                                              stream]
+    # the chunk workspaces: W, qg, kd, A_qk (int32 bf16 pairs), U, G, e^G_last (fp32)
+    chunk_ws = [_flat(I32), _flat(I32), _flat(I32), _flat(I32), _flat(F32), _flat(F32),
+                _flat(F32)]
+    if variant.kernel == "chunk_prep":
+        tensors = [_flat(dt["v"]), _flat(F32), _flat(F32), _flat(F32), _flat(F32), _flat(I64),
+                   _flat(I32), _flat(I32), _flat(I64), *chunk_ws]
+        return chunk_source.kda_chunk_prep, [*tensors, i64, i64, stream, const["K"]]
+    if variant.kernel == "chunk_pass":
+        tensors = [_flat(dt["out"]), _flat(F32), _flat(F32), _flat(I64), _flat(I32), _flat(I64),
+                   _flat(I64), _flat(I64), _flat(I64), _flat(I32), _flat(I64), *chunk_ws]
+        return chunk_source.kda_chunk_pass, [*tensors, i64, i64, i64, stream, const["K"],
+                                             const["CK"], const["W"]]
     raise ValueError(f"unknown kernel {variant.kernel!r}")
 
 

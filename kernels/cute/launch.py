@@ -1,17 +1,29 @@
 """Launching the cute backend's kernels for a binding, and the workspaces they need.
 
 Metadata is copied into the plan's int64 workspaces first (so one compiled variant serves
-int32 and int64 callers), the error code is zeroed, then validate, prepare and the state pass
-run on torch's current stream: no host sync, no allocation, capturable in a CUDA graph.
+int32 and int64 callers), the error code is zeroed, then validate, prepare and the
+algorithm's kernels (CuteConfig.algorithm: the recurrence's state pass, or the chunk index,
+preparation and pass) run on torch's current stream: no host sync, no allocation, capturable
+in a CUDA graph.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..config import Caps
+from ..config import Caps, CuteConfig
 from .runtime import library_for
-from .variants import prepare_variant, state_pass_variant, validate_variant
+from .variants import (
+    ALGORITHMS,
+    chunk_index_variant,
+    chunk_pass_variant,
+    chunk_prep_variant,
+    prepare_variant,
+    state_pass_variant,
+    validate_variant,
+)
+
+CHUNK = 16  # the chunk algorithm's tokens per chunk (kernels/cute/chunk_source.py)
 
 MIN_CAPABILITY = (8, 0)
 
@@ -35,13 +47,47 @@ def origin(device: torch.device) -> str:
     return library.origin if library is not None else "unavailable: " + "; ".join(reasons)
 
 
-def allocate_workspaces(caps: Caps, device: torch.device) -> dict[str, torch.Tensor]:
-    """fp32 transformed inputs [T, H, K] (q, k, exp(g)) and [T, H] (beta), int64 metadata."""
+def config_problems(config: CuteConfig) -> list[str]:
+    """Why `config` names no cute algorithm (empty when it does)."""
+    if config.algorithm not in ALGORITHMS:
+        return [f"algorithm {config.algorithm!r} must be one of {ALGORITHMS}"]
+    return []
+
+
+def chunk_slots(tokens: int, seqs: int) -> int:
+    """An upper bound on a batch's 16-token chunks: sum ceil(len / 16) <= T / 16 + N."""
+    return (tokens + CHUNK - 1) // CHUNK + seqs
+
+
+def _chunk_workspaces(caps: Caps, device: torch.device) -> dict[str, torch.Tensor]:
+    """Per (chunk, head): W and kd as split bf16 pairs, qg and A_qk as bf16 pairs (int32, in
+    the pass's operand order), U and G [16, K] and e^G_last [K] in fp32; the chunk index."""
+    units = chunk_slots(caps.max_tokens, caps.max_seqs) * caps.num_heads
+    k = caps.head_dim
+    i32 = {"dtype": torch.int32, "device": device}
+    f32 = {"dtype": torch.float32, "device": device}
+    return {
+        "chunk_W": torch.empty(units * CHUNK * k, **i32),
+        "chunk_QG": torch.empty(units * CHUNK * k // 2, **i32),
+        "chunk_KD": torch.empty(units * CHUNK * k, **i32),
+        "chunk_A": torch.empty(units * CHUNK * CHUNK // 2, **i32),
+        "chunk_U": torch.empty(units * CHUNK * k, **f32),
+        "chunk_G": torch.empty(units * CHUNK * k, **f32),
+        "chunk_GL": torch.empty(units * k, **f32),
+        "chunk_index": torch.zeros(caps.max_seqs + 1, dtype=torch.int64, device=device),
+    }
+
+
+def allocate_workspaces(caps: Caps, config: CuteConfig,
+                        device: torch.device) -> dict[str, torch.Tensor]:
+    """fp32 transformed inputs [T, H, K] (q, k, the decay) and [T, H] (beta), int64 metadata,
+    and the chunk algorithm's workspaces."""
     rows = caps.max_tokens * caps.num_heads
     f32 = {"dtype": torch.float32, "device": device}
     i64 = {"dtype": torch.int64, "device": device}
     metadata = caps.max_seqs * caps.max_checkpoints
-    return {
+    chunked = _chunk_workspaces(caps, device) if config.algorithm == "chunk" else {}
+    return {**chunked,
         "wq": torch.empty(rows * caps.head_dim, **f32),
         "wk": torch.empty(rows * caps.head_dim, **f32),
         "wd": torch.empty(rows * caps.head_dim, **f32),
@@ -55,15 +101,20 @@ def allocate_workspaces(caps: Caps, device: torch.device) -> dict[str, torch.Ten
 
 
 def _variants(binding):
+    """validate, prepare, then the algorithm's kernels, in launch order."""
     caps = binding.plan.caps
-    gate_params = binding.A_log.dtype
-    return (
+    chunked = binding.plan.config.algorithm == "chunk"
+    head = (
         validate_variant(caps.max_checkpoints),
         prepare_variant(caps.head_dim, caps.gate, caps.qk_l2norm, caps.beta_sigmoid,
-                        binding.q.dtype, binding.g.dtype, binding.beta.dtype, gate_params),
-        state_pass_variant(caps.head_dim, caps.max_checkpoints, binding.v.dtype,
-                           binding.out.dtype),
+                        binding.q.dtype, binding.g.dtype, binding.beta.dtype,
+                        binding.A_log.dtype, log_decay=chunked),
     )
+    if chunked:
+        return (*head, chunk_index_variant(), chunk_prep_variant(caps.head_dim, binding.v.dtype),
+                chunk_pass_variant(caps.head_dim, caps.max_checkpoints, binding.out.dtype))
+    return (*head, state_pass_variant(caps.head_dim, caps.max_checkpoints, binding.v.dtype,
+                                      binding.out.dtype))
 
 
 def binding_problems(binding) -> list[str]:
@@ -96,7 +147,7 @@ def run(binding) -> None:
         raise RuntimeError("; ".join(reasons))
     import tvm_ffi
 
-    validate, prepare, state_pass = (library.function(v) for v in _variants(binding))
+    validate, prepare, *algorithm = (library.function(v) for v in _variants(binding))
     m, c, H = binding.cu_seqlens.numel() - 1, caps.max_checkpoints, caps.num_heads
     cu, init, final = ws["cu"][: m + 1], ws["init"][:m], ws["final"][:m]
     ck_off, ck_idx = ws["ck_off"][: m * c], ws["ck_idx"][: m * c]
@@ -115,5 +166,25 @@ def run(binding) -> None:
             prepare(binding.q.view(-1), binding.k.view(-1), binding.g.view(-1),
                     binding.beta.view(-1), binding.A_log.view(-1), binding.dt_bias.view(-1),
                     *transformed, tokens * H, H, binding.scale, float(caps.lower_bound))
-        state_pass(binding.v.view(-1), binding.out.view(-1), binding.state_pool.view(-1),
-                   *transformed, *metadata, plan.error_code, H, binding.out.shape[0], m)
+        if len(algorithm) == 1:
+            algorithm[0](binding.v.view(-1), binding.out.view(-1), binding.state_pool.view(-1),
+                         *transformed, *metadata, plan.error_code, H, binding.out.shape[0], m)
+        else:
+            _run_chunked(binding, algorithm, metadata, tokens)
+
+
+def _run_chunked(binding, kernels, metadata, tokens: int) -> None:
+    """The chunk index, the preparation of every (chunk, head), and the pass."""
+    index, prep, chunk_pass = kernels
+    plan = binding.plan
+    ws, H, m = plan.workspaces, plan.caps.num_heads, binding.cu_seqlens.numel() - 1
+    cu, live = metadata[0], metadata[1]
+    co = ws["chunk_index"][: m + 1]
+    chunk_ws = tuple(ws[name] for name in ("chunk_W", "chunk_QG", "chunk_KD", "chunk_A",
+                                           "chunk_U", "chunk_G", "chunk_GL"))
+    index(cu, live, plan.error_code, co)
+    if tokens:
+        prep(binding.v.view(-1), ws["wq"], ws["wk"], ws["wd"], ws["wb"], cu, live,
+             plan.error_code, co, *chunk_ws, H, chunk_slots(tokens, m))
+    chunk_pass(binding.out.view(-1), binding.state_pool.view(-1), ws["wk"], *metadata,
+               plan.error_code, co, *chunk_ws, H, binding.out.shape[0], m)

@@ -5,7 +5,8 @@ Three kernels, launched in this order on one stream by kdabench.kernels.cute.lau
 * validate: one block checks the metadata (the rules of docs/DESIGN.md §2, the same bits as
   the Triton prologue) and ORs the error bits into a zeroed int32 code;
 * prepare: one warp per (token, head) applies the input transforms (gate, q/k L2 norm, beta
-  sigmoid, the output scale folded into q) and writes fp32 q, k, exp(g) and beta workspaces;
+  sigmoid, the output scale folded into q) and writes fp32 q, k, exp(g) (g itself for the
+  chunked algorithm, LOG_DECAY) and beta workspaces;
 * state_pass: one block per (sequence, head, block of V columns) runs the token-by-token
   recurrence with the fp32 state in registers (each column's K rows split over `K // 16`
   neighbouring lanes, reduced with warp shuffles), writes the output, and stores the state
@@ -115,7 +116,7 @@ def prepare_kernel(
     dt_bias: cute.Tensor, wq: cute.Tensor, wk: cute.Tensor, wd: cute.Tensor, wb: cute.Tensor,
     rows: Int64, H: Int64, scale: Float32, lower_bound: Float32,
     K: cutlass.Constexpr, GATE: cutlass.Constexpr, QK_L2NORM: cutlass.Constexpr,
-    BETA_SIGMOID: cutlass.Constexpr,
+    BETA_SIGMOID: cutlass.Constexpr, LOG_DECAY: cutlass.Constexpr,
 ):
     E = K // 32
     tid = cute.arch.thread_idx()[0]
@@ -157,12 +158,30 @@ def prepare_kernel(
                 softplus = cute.math.max(x, Float32(0.0)) + cute.math.log1p(
                     cute.math.exp(-cute.math.abs(x)))
                 gate = cute.math.max(-rate * softplus, lower_bound)
-            wd[base + e] = cute.math.exp(gate)
+            if cutlass.const_expr(LOG_DECAY):
+                wd[base + e] = gate
+            else:
+                wd[base + e] = cute.math.exp(gate)
         if lane == 0:
             b = Float32(beta[row])
             if cutlass.const_expr(BETA_SIGMOID):
                 b = Float32(1.0) / (Float32(1.0) + cute.math.exp(-b))
             wb[row] = b
+
+
+@cute.jit
+def active_checkpoints(ck_off: cute.Tensor, ck_idx: cute.Tensor, n: Int64,
+                       CK: cutlass.Constexpr) -> tuple[cute.Tensor, cute.Tensor]:
+    """Sequence n's checkpoint (offsets, slots) in registers; an inactive one's offset is -1,
+    which no token count matches."""
+    offsets = cute.make_rmem_tensor(cute.make_layout(CK), Int64)
+    slots = cute.make_rmem_tensor(cute.make_layout(CK), Int64)
+    for c in cutlass.range_constexpr(CK):
+        slots[c] = ck_idx[n * CK + c]
+        offsets[c] = Int64(-1)
+        if slots[c] >= 0:
+            offsets[c] = ck_off[n * CK + c]
+    return offsets, slots
 
 
 @cute.jit
@@ -202,13 +221,7 @@ def state_pass_kernel(
             kv = cute.make_rmem_tensor(cute.make_layout(R), Float32)
             dv = cute.make_rmem_tensor(cute.make_layout(R), Float32)
             qv = cute.make_rmem_tensor(cute.make_layout(R), Float32)
-            offsets = cute.make_rmem_tensor(cute.make_layout(CK), Int64)
-            slots = cute.make_rmem_tensor(cute.make_layout(CK), Int64)
-            for c in cutlass.range_constexpr(CK):
-                slots[c] = ck_idx[n * CK + c]
-                offsets[c] = Int64(-1)
-                if slots[c] >= 0:
-                    offsets[c] = ck_off[n * CK + c]
+            offsets, slots = active_checkpoints(ck_off, ck_idx, n, CK)
             head_col = (h * K + col) * K + j * R
             first = init_idx[n]
             for r in cutlass.range_constexpr(R):
@@ -266,11 +279,11 @@ def kda_prepare(
     dt_bias: cute.Tensor, wq: cute.Tensor, wk: cute.Tensor, wd: cute.Tensor, wb: cute.Tensor,
     rows: Int64, H: Int64, scale: Float32, lower_bound: Float32, stream,
     K: cutlass.Constexpr, GATE: cutlass.Constexpr, QK_L2NORM: cutlass.Constexpr,
-    BETA_SIGMOID: cutlass.Constexpr,
+    BETA_SIGMOID: cutlass.Constexpr, LOG_DECAY: cutlass.Constexpr,
 ):
     blocks = (rows + PREPARE_WARPS - 1) // PREPARE_WARPS
     prepare_kernel(q, k, g, beta, A_log, dt_bias, wq, wk, wd, wb, rows, H, scale, lower_bound,
-                   K, GATE, QK_L2NORM, BETA_SIGMOID).launch(
+                   K, GATE, QK_L2NORM, BETA_SIGMOID, LOG_DECAY).launch(
         grid=(Int32(blocks), 1, 1), block=(32 * PREPARE_WARPS, 1, 1), stream=stream)
 
 

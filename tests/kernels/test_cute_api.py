@@ -34,3 +34,30 @@ def test_policy_resolves_the_fixed_cute_config_whatever_the_mode():
         resolved = resolve_config(CUTE_ON_CPU, mode=mode)
         assert resolved.config == CuteConfig()
         assert resolved.source.startswith("cute backend")
+
+
+def test_an_unknown_cute_algorithm_is_named():
+    from kdabench.kernels.cute.launch import config_problems
+
+    assert config_problems(CuteConfig()) == []
+    assert config_problems(CuteConfig(algorithm="recurrence")) == []
+    (problem,) = config_problems(CuteConfig(algorithm="wgmma"))
+    assert "algorithm 'wgmma' must be one of ('chunk', 'recurrence')" in problem
+
+
+@pytest.mark.parametrize("lengths", [[1], [16], [17], [15, 1, 0, 33], [16] * 9, [0, 0, 1]])
+def test_chunk_workspaces_hold_every_chunk_of_any_batch(lengths):
+    """chunk_slots bounds sum(ceil(len / 16)) for the batch's token and sequence counts; the
+    chunk workspaces hold that many (chunk, head) units."""
+    from kdabench.kernels.cute.launch import CHUNK, allocate_workspaces, chunk_slots
+
+    chunks = sum(-(-length // CHUNK) for length in lengths)
+    assert chunk_slots(sum(lengths), len(lengths)) >= chunks
+    caps = Caps(device="cpu", num_heads=3, head_dim=64, max_tokens=max(sum(lengths), 1),
+                max_seqs=len(lengths), max_state_slots=1, backend="cute")
+    ws = allocate_workspaces(caps, CuteConfig(), torch.device("cpu"))
+    units = chunk_slots(caps.max_tokens, caps.max_seqs) * 3
+    assert ws["chunk_U"].numel() == ws["chunk_W"].numel() == units * CHUNK * 64
+    assert ws["chunk_index"].numel() == len(lengths) + 1
+    assert "chunk_W" not in allocate_workspaces(caps, CuteConfig(algorithm="recurrence"),
+                                                torch.device("cpu"))

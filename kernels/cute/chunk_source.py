@@ -1,0 +1,463 @@
+"""The cute backend's chunked algorithm on tensor cores (`CuteConfig.algorithm == "chunk"`).
+
+After validate and prepare (kernels/cute/source.py; prepare writes the log decay g here, not
+exp(g)), three kernels on one stream:
+
+* chunk_index: one warp writes each sequence's first 16-token chunk (the exclusive prefix sum
+  of ceil(len / 16)) and the batch's chunk count, from metadata validate accepted;
+* chunk_prep: one block of 128 threads per (chunk, head), all chunks at once. In fp32 on CUDA
+  cores: the in-chunk cumulative decay G (and the reverse sums for the update), A_kk and A_qk
+  (relative to the chunk's eighth token, so no factor overflows), T = (I + A_kk)^-1 by forward
+  substitution, W = T beta k e^G, U = T beta v, qg = q e^G, kd = k e^(G_last - G). It stores W
+  and kd split into high and low bf16 halves, qg and A_qk in bf16, each already in the register
+  order of the pass's MMA operands (kernels/cute/ptx.py), U, G and e^G_last in fp32;
+* chunk_pass: one warp per (sequence, head, 16 V columns) walks the sequence's chunks with the
+  transposed state S^T [16, K] in fp32 MMA accumulators:
+
+      X = S^T W^T,  Vnew^T = U^T - X,  o^T = S^T qg^T + Vnew^T A_qk^T,
+      S^T <- S^T diag(e^G_last) + Vnew^T kd
+
+  The two products on the state path (X and the update) run split in three (high x high +
+  high x low + low x high) on bf16 tensor cores, near fp32 (kernels/NOTES.md, "Precision of a
+  tensor-core chunk step"); the output's products run in plain bf16. A checkpoint at in-chunk
+  position p is S_0 decayed to token p plus the update truncated to the chunk's first p
+  tokens, from k and G, written from the registers; one at a chunk's end is the updated state.
+  On a non-zero error code the pass only fills its share of the output with NaN and never
+  touches the pool.
+
+Every address is computed in Int64, as in source.py.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass.memory import SmemAllocator
+
+from .ptx import mma_bf16, pack_bf16x2, split_bf16x2
+from .source import active_checkpoints
+
+CHUNK = 16
+PREP_THREADS = 128
+PASS_COLUMNS = 16  # V columns per warp of the pass (the MMA's 16 rows)
+REFERENCE_TOKEN = 7  # A's factors are taken relative to this token's cumulative decay
+PAD = CHUNK * 8 + 1  # row stride of the prep's [16, K] tiles (K <= 128; no bank conflicts)
+
+
+@cute.kernel
+def chunk_index_kernel(cu: cute.Tensor, live: cute.Tensor, err: cute.Tensor, co: cute.Tensor):
+    lane = Int64(cute.arch.thread_idx()[0])
+    smem = SmemAllocator()
+    totals = smem.allocate_tensor(Int64, cute.make_layout(32), byte_alignment=8)
+    if err[0] == 0:
+        num_seqs = Int64(live[0])
+        per = (num_seqs + 31) // 32
+        lo = lane * per
+        if lo > num_seqs:
+            lo = num_seqs
+        hi = lo + per
+        if hi > num_seqs:
+            hi = num_seqs
+        total = Int64(0)
+        for n in cutlass.range(lo, hi):
+            total = total + (cu[n + 1] - cu[n] + CHUNK - 1) // CHUNK
+        totals[lane] = total
+        cute.arch.sync_warp()
+        run = Int64(0)
+        for other in cutlass.range(lane):
+            run = run + totals[other]
+        for n in cutlass.range(lo, hi):
+            co[n] = run
+            run = run + (cu[n + 1] - cu[n] + CHUNK - 1) // CHUNK
+        if lane == 31:
+            co[num_seqs] = run
+
+
+@cute.kernel
+def chunk_prep_kernel(
+    v: cute.Tensor, wq: cute.Tensor, wk: cute.Tensor, wd: cute.Tensor, wb: cute.Tensor,
+    cu: cute.Tensor, live: cute.Tensor, err: cute.Tensor, co: cute.Tensor,
+    wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor, wA: cute.Tensor, wU: cute.Tensor,
+    wG: cute.Tensor, wGL: cute.Tensor, H: Int64, K: cutlass.Constexpr,
+):
+    KS = K // 16
+    NT = K // 8
+    tid = Int64(cute.arch.thread_idx()[0])
+    c = Int64(cute.arch.block_idx()[0])
+    h = Int64(cute.arch.block_idx()[1])
+    smem = SmemAllocator()
+    tile = cute.make_layout((CHUNK, PAD), stride=(PAD, 1))
+    square = cute.make_layout((CHUNK, CHUNK + 1), stride=(CHUNK + 1, 1))
+    KR = smem.allocate_tensor(Float32, tile, byte_alignment=16)  # k e^(G - G_ref), then W
+    KI = smem.allocate_tensor(Float32, tile, byte_alignment=16)  # k e^(G_ref - G), then kd
+    QR = smem.allocate_tensor(Float32, tile, byte_alignment=16)  # q e^(G - G_ref), then qg
+    AK = smem.allocate_tensor(Float32, square, byte_alignment=16)
+    AQ = smem.allocate_tensor(Float32, square, byte_alignment=16)
+    TT = smem.allocate_tensor(Float32, square, byte_alignment=16)
+    BETA = smem.allocate_tensor(Float32, cute.make_layout(CHUNK), byte_alignment=16)
+    live_chunk = Int32(0)
+    n = Int64(0)
+    if err[0] == 0:
+        num_seqs = Int64(live[0])
+        if c < co[num_seqs]:
+            live_chunk = Int32(1)
+            lo = Int64(0)
+            hi = num_seqs
+            for _ in cutlass.range(32):
+                if hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if co[mid] <= c:
+                        lo = mid
+                    else:
+                        hi = mid
+            n = lo
+    if live_chunk != 0:
+        start = cu[n] + (c - co[n]) * CHUNK
+        rows = cu[n + 1] - start
+        if rows > CHUNK:
+            rows = Int64(CHUNK)
+        sh = c * H + h
+        kk = cute.make_rmem_tensor(cute.make_layout(CHUNK), Float32)
+        qq = cute.make_rmem_tensor(cute.make_layout(CHUNK), Float32)
+        G = cute.make_rmem_tensor(cute.make_layout(CHUNK), Float32)
+        R = cute.make_rmem_tensor(cute.make_layout(CHUNK), Float32)
+        if tid < CHUNK:
+            b = Float32(0.0)
+            if tid < rows:
+                b = wb[(start + tid) * H + h]
+            BETA[tid] = b
+        if tid < K:
+            run = Float32(0.0)
+            for i in cutlass.range_constexpr(CHUNK):
+                kv = Float32(0.0)
+                qv = Float32(0.0)
+                gv = Float32(0.0)
+                if i < rows:
+                    at = ((start + i) * H + h) * K + tid
+                    kv = wk[at]
+                    qv = wq[at]
+                    gv = wd[at]
+                kk[i] = kv
+                qq[i] = qv
+                R[i] = gv
+                run = run + gv
+                G[i] = run
+            later = Float32(0.0)
+            for i in cutlass.range_constexpr(CHUNK - 1, -1, -1):
+                gv = R[i]
+                R[i] = later
+                later = later + gv
+            ref = G[REFERENCE_TOKEN]
+            for i in cutlass.range_constexpr(CHUNK):
+                up = cute.math.exp(G[i] - ref)
+                KR[i, tid] = kk[i] * up
+                QR[i, tid] = qq[i] * up
+                KI[i, tid] = kk[i] * cute.math.exp(ref - G[i])
+                wG[(sh * CHUNK + i) * K + tid] = G[i]
+            wGL[sh * K + tid] = cute.math.exp(G[CHUNK - 1])
+        cute.arch.sync_threads()
+        for r in cutlass.range_constexpr(2):
+            pair = tid + r * PREP_THREADS
+            row = pair // CHUNK
+            col = pair % CHUNK
+            akk = Float32(0.0)
+            aqk = Float32(0.0)
+            for ch in cutlass.range(K, unroll=8):
+                kj = KI[col, ch]
+                akk = akk + KR[row, ch] * kj
+                aqk = aqk + QR[row, ch] * kj
+            if col >= row:
+                akk = Float32(0.0)
+            if col > row:
+                aqk = Float32(0.0)
+            AK[row, col] = akk * BETA[row]
+            AQ[row, col] = aqk
+        cute.arch.sync_threads()
+        if tid < CHUNK:  # column tid of T = (I + A_kk)^-1, A_kk strictly lower
+            for i in cutlass.range_constexpr(CHUNK):
+                s = Float32(0.0)
+                for m in cutlass.range_constexpr(i):
+                    s = s + AK[i, m] * TT[m, tid]
+                one = Float32(0.0)
+                if tid == i:
+                    one = Float32(1.0)
+                TT[i, tid] = one - s
+        cute.arch.sync_threads()
+        if tid < K:
+            for i in cutlass.range_constexpr(CHUNK):
+                G[i] = cute.math.exp(G[i])
+                QR[i, tid] = qq[i] * G[i]
+                KI[i, tid] = kk[i] * cute.math.exp(R[i])
+                kk[i] = BETA[i] * kk[i] * G[i]
+            for i in cutlass.range_constexpr(CHUNK):
+                w = Float32(0.0)
+                for j in cutlass.range_constexpr(i + 1):
+                    w = w + TT[i, j] * kk[j]
+                KR[i, tid] = w
+            for j in cutlass.range_constexpr(CHUNK):
+                x = Float32(0.0)
+                if j < rows:
+                    x = Float32(v[((start + j) * H + h) * K + tid])
+                qq[j] = BETA[j] * x
+            for i in cutlass.range_constexpr(CHUNK):
+                u = Float32(0.0)
+                for j in cutlass.range_constexpr(i + 1):
+                    u = u + TT[i, j] * qq[j]
+                wU[(sh * CHUNK + i) * K + tid] = u
+        cute.arch.sync_threads()
+        for rec in cutlass.range(tid, KS * 64, PREP_THREADS):  # W and qg: (k step, n tile, lane)
+            lane = rec % 32
+            tok = (rec // 32) % 2 * 8 + lane // 4
+            c0 = rec // 64 * 16 + lane % 4 * 2
+            h01, l01 = split_bf16x2(KR[tok, c0], KR[tok, c0 + 1])
+            h89, l89 = split_bf16x2(KR[tok, c0 + 8], KR[tok, c0 + 9])
+            at = (sh * KS * 64 + rec) * 4
+            wW[at] = h01
+            wW[at + 1] = h89
+            wW[at + 2] = l01
+            wW[at + 3] = l89
+            at = (sh * KS * 64 + rec) * 2
+            wQ[at] = pack_bf16x2(QR[tok, c0], QR[tok, c0 + 1])
+            wQ[at + 1] = pack_bf16x2(QR[tok, c0 + 8], QR[tok, c0 + 9])
+        for rec in cutlass.range(tid, NT * 32, PREP_THREADS):  # kd: (n tile, lane)
+            lane = rec % 32
+            col = rec // 32 * 8 + lane // 4
+            t2 = lane % 4 * 2
+            h0, l0 = split_bf16x2(KI[t2, col], KI[t2 + 1, col])
+            h1, l1 = split_bf16x2(KI[t2 + 8, col], KI[t2 + 9, col])
+            at = (sh * NT * 32 + rec) * 4
+            wKd[at] = h0
+            wKd[at + 1] = h1
+            wKd[at + 2] = l0
+            wKd[at + 3] = l1
+        if tid < 64:  # A_qk: (n tile, lane)
+            lane = tid % 32
+            row = tid // 32 * 8 + lane // 4
+            t2 = lane % 4 * 2
+            at = (sh * 64 + tid) * 2
+            wA[at] = pack_bf16x2(AQ[row, t2], AQ[row, t2 + 1])
+            wA[at + 1] = pack_bf16x2(AQ[row, t2 + 8], AQ[row, t2 + 9])
+
+
+@cute.jit
+def _fill_nan(out: cute.Tensor, n: Int64, h: Int64, v0: Int64, lane: Int64, H: Int64,
+              token_capacity: Int64, meta_capacity: Int64, K: cutlass.Constexpr):
+    """Poison this warp's 16 columns of head h in rows n, n + meta_capacity, ... of the output."""
+    nan = Float32(float("nan")).to(out.element_type)
+    col = v0 + lane % 16
+    first = n + lane // 16 * meta_capacity
+    for i in cutlass.range((token_capacity - first + 2 * meta_capacity - 1) // (2 * meta_capacity)):
+        out[((first + i * 2 * meta_capacity) * H + h) * K + col] = nan
+
+
+@cute.jit
+def _store_state(pool: cute.Tensor, S: cute.Tensor, slot: Int64, h: Int64, H: Int64, v0: Int64,
+                 g: Int64, t2: Int64, K: cutlass.Constexpr):
+    """S^T's accumulator tiles to pool[slot, h, v0 + g (+ 8), :] (V-first layout)."""
+    row = ((slot * H + h) * K + v0 + g) * K + t2
+    for nt in cutlass.range_constexpr(K // 8):
+        pool[row + nt * 8] = S[nt * 4]
+        pool[row + nt * 8 + 1] = S[nt * 4 + 1]
+        pool[row + 8 * K + nt * 8] = S[nt * 4 + 2]
+        pool[row + 8 * K + nt * 8 + 1] = S[nt * 4 + 3]
+
+
+@cute.kernel
+def chunk_pass_kernel(
+    out: cute.Tensor, pool: cute.Tensor, wk: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
+    init_idx: cute.Tensor, final_idx: cute.Tensor, ck_off: cute.Tensor, ck_idx: cute.Tensor,
+    err: cute.Tensor, co: cute.Tensor, wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor,
+    wA: cute.Tensor, wU: cute.Tensor, wG: cute.Tensor, wGL: cute.Tensor, H: Int64,
+    token_capacity: Int64, meta_capacity: Int64, K: cutlass.Constexpr, CK: cutlass.Constexpr,
+    WARPS: cutlass.Constexpr,
+):
+    KS = K // 16
+    NT = K // 8
+    tid = Int64(cute.arch.thread_idx()[0])
+    lane = tid % 32
+    g = lane // 4
+    t2 = lane % 4 * 2
+    bidx, bidy, bidz = cute.arch.block_idx()
+    n = Int64(bidx)
+    h = Int64(bidy)
+    v0 = (Int64(bidz) * WARPS + tid // 32) * PASS_COLUMNS
+    if err[0] != 0:
+        _fill_nan(out, n, h, v0, lane, H, token_capacity, meta_capacity, K)
+    else:
+        if n < Int64(live[0]):
+            bos = cu[n]
+            length = cu[n + 1] - bos
+            first = co[n]
+            S = cute.make_rmem_tensor(cute.make_layout(NT * 4), Float32)
+            X = cute.make_rmem_tensor(cute.make_layout(8), Float32)
+            E = cute.make_rmem_tensor(cute.make_layout(8), Float32)
+            O = cute.make_rmem_tensor(cute.make_layout(8), Float32)
+            D = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+            ah = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+            al = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+            vh = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+            vl = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+            offsets, slots = active_checkpoints(ck_off, ck_idx, n, CK)
+            for i in cutlass.range_constexpr(NT * 4):
+                S[i] = Float32(0.0)
+            init = init_idx[n]
+            if init >= 0:
+                row = ((init * H + h) * K + v0 + g) * K + t2
+                for nt in cutlass.range_constexpr(NT):
+                    S[nt * 4] = pool[row + nt * 8]
+                    S[nt * 4 + 1] = pool[row + nt * 8 + 1]
+                    S[nt * 4 + 2] = pool[row + 8 * K + nt * 8]
+                    S[nt * 4 + 3] = pool[row + 8 * K + nt * 8 + 1]
+            for j in cutlass.range((length + CHUNK - 1) // CHUNK):
+                sh = (first + j) * H + h
+                start = j * CHUNK
+                rows = length - start
+                for i in cutlass.range_constexpr(8):
+                    X[i] = Float32(0.0)
+                    E[i] = Float32(0.0)
+                    O[i] = Float32(0.0)
+                for ks in cutlass.range_constexpr(KS):
+                    ah[0], al[0] = split_bf16x2(S[ks * 8], S[ks * 8 + 1])
+                    ah[1], al[1] = split_bf16x2(S[ks * 8 + 2], S[ks * 8 + 3])
+                    ah[2], al[2] = split_bf16x2(S[ks * 8 + 4], S[ks * 8 + 5])
+                    ah[3], al[3] = split_bf16x2(S[ks * 8 + 6], S[ks * 8 + 7])
+                    for nt in cutlass.range_constexpr(2):
+                        rec = (sh * KS + ks) * 64 + nt * 32 + lane
+                        bh0 = wW[rec * 4]
+                        bh1 = wW[rec * 4 + 1]
+                        bl0 = wW[rec * 4 + 2]
+                        bl1 = wW[rec * 4 + 3]
+                        q0 = wQ[rec * 2]
+                        q1 = wQ[rec * 2 + 1]
+                        b = nt * 4
+                        X[b], X[b + 1], X[b + 2], X[b + 3] = mma_bf16(
+                            ah[0], ah[1], ah[2], ah[3], bh0, bh1, X[b], X[b + 1], X[b + 2],
+                            X[b + 3])
+                        E[b], E[b + 1], E[b + 2], E[b + 3] = mma_bf16(
+                            ah[0], ah[1], ah[2], ah[3], bl0, bl1, E[b], E[b + 1], E[b + 2],
+                            E[b + 3])
+                        E[b], E[b + 1], E[b + 2], E[b + 3] = mma_bf16(
+                            al[0], al[1], al[2], al[3], bh0, bh1, E[b], E[b + 1], E[b + 2],
+                            E[b + 3])
+                        O[b], O[b + 1], O[b + 2], O[b + 3] = mma_bf16(
+                            ah[0], ah[1], ah[2], ah[3], q0, q1, O[b], O[b + 1], O[b + 2],
+                            O[b + 3])
+                u_row = sh * CHUNK * K + v0 + g
+                for i in cutlass.range_constexpr(8):  # Vnew^T = U^T - X, in X
+                    tok = i // 4 * 8 + t2 + i % 2
+                    X[i] = wU[u_row + tok * K + i % 4 // 2 * 8] - X[i] - E[i]
+                vh[0], vl[0] = split_bf16x2(X[0], X[1])
+                vh[1], vl[1] = split_bf16x2(X[2], X[3])
+                vh[2], vl[2] = split_bf16x2(X[4], X[5])
+                vh[3], vl[3] = split_bf16x2(X[6], X[7])
+                for nt in cutlass.range_constexpr(2):
+                    rec = sh * 64 + nt * 32 + lane
+                    b = nt * 4
+                    O[b], O[b + 1], O[b + 2], O[b + 3] = mma_bf16(
+                        vh[0], vh[1], vh[2], vh[3], wA[rec * 2], wA[rec * 2 + 1], O[b],
+                        O[b + 1], O[b + 2], O[b + 3])
+                for i in cutlass.range_constexpr(8):
+                    tok = i // 4 * 8 + t2 + i % 2
+                    if tok < rows:
+                        out[((bos + start + tok) * H + h) * K + v0 + g + i % 4 // 2 * 8] = \
+                            O[i].to(out.element_type)
+                for c in cutlass.range_constexpr(CK):  # checkpoints strictly inside the chunk
+                    p = offsets[c] - start
+                    if p > 0:
+                        if p < CHUNK:
+                            _interior_checkpoint(pool, wk, wG, S, vh, vl, D, slots[c], p, sh,
+                                                 bos + start, h, H, v0, g, t2, K)
+                for nt in cutlass.range_constexpr(NT):
+                    col = sh * K + nt * 8 + t2
+                    d0 = wGL[col]
+                    d1 = wGL[col + 1]
+                    rec = (sh * NT + nt) * 32 + lane
+                    kh0 = wKd[rec * 4]
+                    kh1 = wKd[rec * 4 + 1]
+                    kl0 = wKd[rec * 4 + 2]
+                    kl1 = wKd[rec * 4 + 3]
+                    b = nt * 4
+                    D[0], D[1], D[2], D[3] = mma_bf16(
+                        vh[0], vh[1], vh[2], vh[3], kh0, kh1, S[b] * d0, S[b + 1] * d1,
+                        S[b + 2] * d0, S[b + 3] * d1)
+                    D[0], D[1], D[2], D[3] = mma_bf16(
+                        vh[0], vh[1], vh[2], vh[3], kl0, kl1, D[0], D[1], D[2], D[3])
+                    S[b], S[b + 1], S[b + 2], S[b + 3] = mma_bf16(
+                        vl[0], vl[1], vl[2], vl[3], kh0, kh1, D[0], D[1], D[2], D[3])
+                for c in cutlass.range_constexpr(CK):  # a checkpoint at the chunk's end
+                    if offsets[c] == start + CHUNK:
+                        _store_state(pool, S, slots[c], h, H, v0, g, t2, K)
+            last = final_idx[n]
+            if last >= 0:
+                _store_state(pool, S, last, h, H, v0, g, t2, K)
+
+
+@cute.jit
+def _interior_checkpoint(pool: cute.Tensor, wk: cute.Tensor, wG: cute.Tensor, S: cute.Tensor,
+                         vh: cute.Tensor, vl: cute.Tensor, D: cute.Tensor, slot: Int64, p: Int64,
+                         sh: Int64, row0: Int64, h: Int64, H: Int64, v0: Int64, g: Int64,
+                         t2: Int64, K: cutlass.Constexpr):
+    """The state after the chunk's first p tokens, e^G_p S_0 + (k e^(G_p - G))[:p]^T Vnew[:p],
+    written to pool[slot] tile by tile."""
+    gp = (sh * CHUNK + p - 1) * K
+    dst = ((slot * H + h) * K + v0 + g) * K + t2
+    kp = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+    for nt in cutlass.range_constexpr(K // 8):
+        col = nt * 8 + g  # the B operand's column (a key channel)
+        top = wG[gp + col]
+        for e in cutlass.range_constexpr(4):
+            tok = t2 + e % 2 + e // 2 * 8
+            kp[e] = Float32(0.0)
+            if tok < p:
+                kp[e] = wk[((row0 + tok) * H + h) * K + col] * cute.math.exp(
+                    top - wG[(sh * CHUNK + tok) * K + col])
+        bh0, bl0 = split_bf16x2(kp[0], kp[1])
+        bh1, bl1 = split_bf16x2(kp[2], kp[3])
+        d0 = cute.math.exp(wG[gp + nt * 8 + t2])
+        d1 = cute.math.exp(wG[gp + nt * 8 + t2 + 1])
+        b = nt * 4
+        D[0], D[1], D[2], D[3] = mma_bf16(vh[0], vh[1], vh[2], vh[3], bh0, bh1, S[b] * d0,
+                                          S[b + 1] * d1, S[b + 2] * d0, S[b + 3] * d1)
+        D[0], D[1], D[2], D[3] = mma_bf16(vh[0], vh[1], vh[2], vh[3], bl0, bl1, D[0], D[1],
+                                          D[2], D[3])
+        D[0], D[1], D[2], D[3] = mma_bf16(vl[0], vl[1], vl[2], vl[3], bh0, bh1, D[0], D[1],
+                                          D[2], D[3])
+        pool[dst + nt * 8] = D[0]
+        pool[dst + nt * 8 + 1] = D[1]
+        pool[dst + 8 * K + nt * 8] = D[2]
+        pool[dst + 8 * K + nt * 8 + 1] = D[3]
+
+
+@cute.jit
+def kda_chunk_index(cu: cute.Tensor, live: cute.Tensor, err: cute.Tensor, co: cute.Tensor,
+                    stream):
+    chunk_index_kernel(cu, live, err, co).launch(grid=(1, 1, 1), block=(32, 1, 1), stream=stream)
+
+
+@cute.jit
+def kda_chunk_prep(
+    v: cute.Tensor, wq: cute.Tensor, wk: cute.Tensor, wd: cute.Tensor, wb: cute.Tensor,
+    cu: cute.Tensor, live: cute.Tensor, err: cute.Tensor, co: cute.Tensor,
+    wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor, wA: cute.Tensor, wU: cute.Tensor,
+    wG: cute.Tensor, wGL: cute.Tensor, H: Int64, slots: Int64, stream, K: cutlass.Constexpr,
+):
+    chunk_prep_kernel(v, wq, wk, wd, wb, cu, live, err, co, wW, wQ, wKd, wA, wU, wG, wGL, H,
+                      K).launch(grid=(Int32(slots), Int32(H), 1), block=(PREP_THREADS, 1, 1),
+                                stream=stream)
+
+
+@cute.jit
+def kda_chunk_pass(
+    out: cute.Tensor, pool: cute.Tensor, wk: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
+    init_idx: cute.Tensor, final_idx: cute.Tensor, ck_off: cute.Tensor, ck_idx: cute.Tensor,
+    err: cute.Tensor, co: cute.Tensor, wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor,
+    wA: cute.Tensor, wU: cute.Tensor, wG: cute.Tensor, wGL: cute.Tensor, H: Int64,
+    token_capacity: Int64, meta_capacity: Int64, stream, K: cutlass.Constexpr,
+    CK: cutlass.Constexpr, WARPS: cutlass.Constexpr,
+):
+    chunk_pass_kernel(out, pool, wk, cu, live, init_idx, final_idx, ck_off, ck_idx, err, co, wW,
+                      wQ, wKd, wA, wU, wG, wGL, H, token_capacity, meta_capacity, K, CK,
+                      WARPS).launch(
+        grid=(Int32(meta_capacity), Int32(H), K // (PASS_COLUMNS * WARPS)),
+        block=(32 * WARPS, 1, 1), stream=stream)
