@@ -10,7 +10,8 @@ exp(g)), three kernels on one stream:
   (relative to the chunk's eighth token, so no factor overflows), T = (I + A_kk)^-1 by forward
   substitution, W = T beta k e^G, U = T beta v, qg = q e^G, kd = k e^(G_last - G). It stores W
   and kd split into high and low bf16 halves, qg and A_qk in bf16, each already in the register
-  order of the pass's MMA operands (kernels/cute/ptx.py), U, G and e^G_last in fp32;
+  order of the pass's MMA operands (kernels/cute/ptx.py), U (in the order of the pass's
+  accumulators), G and e^G_last in fp32;
 * chunk_pass: one warp per (sequence, head, 16 V columns) walks the sequence's chunks with the
   transposed state S^T [16, K] in fp32 MMA accumulators:
 
@@ -155,7 +156,7 @@ def chunk_prep_kernel(
                 QR[i, tid] = qq[i] * up
                 KI[i, tid] = kk[i] * cute.math.exp(ref - G[i])
                 wG[(sh * CHUNK + i) * K + tid] = G[i]
-            wGL[sh * K + tid] = cute.math.exp(G[CHUNK - 1])
+            wGL[(sh * K + tid) // 2, tid % 2] = cute.math.exp(G[CHUNK - 1])
         cute.arch.sync_threads()
         for r in cutlass.range_constexpr(2):
             pair = tid + r * PREP_THREADS
@@ -200,44 +201,42 @@ def chunk_prep_kernel(
                 if j < rows:
                     x = Float32(v[((start + j) * H + h) * K + tid])
                 qq[j] = BETA[j] * x
+            # U^T in the pass's accumulator order: record (column block, lane), value nt*4 + e
+            # holds U[nt*8 + 2t + e % 2, 16 block + g + 8 (e // 2)] (lane = 4g + t)
+            vv = tid % PASS_COLUMNS
+            urec = (sh * (K // PASS_COLUMNS) + tid // PASS_COLUMNS) * 32 + vv % 8 * 4
             for i in cutlass.range_constexpr(CHUNK):
                 u = Float32(0.0)
                 for j in cutlass.range_constexpr(i + 1):
                     u = u + TT[i, j] * qq[j]
-                wU[(sh * CHUNK + i) * K + tid] = u
+                wU[urec + i % 8 // 2, i // 8 * 4 + vv // 8 * 2 + i % 2] = u
         cute.arch.sync_threads()
+        quad = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+        pair = cute.make_rmem_tensor(cute.make_layout(2), Int32)
         for rec in cutlass.range(tid, KS * 64, PREP_THREADS):  # W and qg: (k step, n tile, lane)
             lane = rec % 32
             tok = (rec // 32) % 2 * 8 + lane // 4
             c0 = rec // 64 * 16 + lane % 4 * 2
-            h01, l01 = split_bf16x2(KR[tok, c0], KR[tok, c0 + 1])
-            h89, l89 = split_bf16x2(KR[tok, c0 + 8], KR[tok, c0 + 9])
-            at = (sh * KS * 64 + rec) * 4
-            wW[at] = h01
-            wW[at + 1] = h89
-            wW[at + 2] = l01
-            wW[at + 3] = l89
-            at = (sh * KS * 64 + rec) * 2
-            wQ[at] = pack_bf16x2(QR[tok, c0], QR[tok, c0 + 1])
-            wQ[at + 1] = pack_bf16x2(QR[tok, c0 + 8], QR[tok, c0 + 9])
+            quad[0], quad[2] = split_bf16x2(KR[tok, c0], KR[tok, c0 + 1])
+            quad[1], quad[3] = split_bf16x2(KR[tok, c0 + 8], KR[tok, c0 + 9])
+            cute.autovec_copy(quad, wW[sh * KS * 64 + rec, None])
+            pair[0] = pack_bf16x2(QR[tok, c0], QR[tok, c0 + 1])
+            pair[1] = pack_bf16x2(QR[tok, c0 + 8], QR[tok, c0 + 9])
+            cute.autovec_copy(pair, wQ[sh * KS * 64 + rec, None])
         for rec in cutlass.range(tid, NT * 32, PREP_THREADS):  # kd: (n tile, lane)
             lane = rec % 32
             col = rec // 32 * 8 + lane // 4
             t2 = lane % 4 * 2
-            h0, l0 = split_bf16x2(KI[t2, col], KI[t2 + 1, col])
-            h1, l1 = split_bf16x2(KI[t2 + 8, col], KI[t2 + 9, col])
-            at = (sh * NT * 32 + rec) * 4
-            wKd[at] = h0
-            wKd[at + 1] = h1
-            wKd[at + 2] = l0
-            wKd[at + 3] = l1
+            quad[0], quad[2] = split_bf16x2(KI[t2, col], KI[t2 + 1, col])
+            quad[1], quad[3] = split_bf16x2(KI[t2 + 8, col], KI[t2 + 9, col])
+            cute.autovec_copy(quad, wKd[sh * NT * 32 + rec, None])
         if tid < 64:  # A_qk: (n tile, lane)
             lane = tid % 32
             row = tid // 32 * 8 + lane // 4
             t2 = lane % 4 * 2
-            at = (sh * 64 + tid) * 2
-            wA[at] = pack_bf16x2(AQ[row, t2], AQ[row, t2 + 1])
-            wA[at + 1] = pack_bf16x2(AQ[row, t2 + 8], AQ[row, t2 + 9])
+            pair[0] = pack_bf16x2(AQ[row, t2], AQ[row, t2 + 1])
+            pair[1] = pack_bf16x2(AQ[row, t2 + 8], AQ[row, t2 + 9])
+            cute.autovec_copy(pair, wA[sh * 64 + tid, None])
 
 
 @cute.jit
@@ -249,6 +248,16 @@ def _fill_nan(out: cute.Tensor, n: Int64, h: Int64, v0: Int64, lane: Int64, H: I
     first = n + lane // 16 * meta_capacity
     for i in cutlass.range((token_capacity - first + 2 * meta_capacity - 1) // (2 * meta_capacity)):
         out[((first + i * 2 * meta_capacity) * H + h) * K + col] = nan
+
+
+@cute.jit
+def _load_operands(wW: cute.Tensor, wQ: cute.Tensor, wU: cute.Tensor, Wr: list, Qr: list,
+                   Ur: cute.Tensor, sh: Int64, v0: Int64, lane: Int64, KS: cutlass.Constexpr):
+    """The lane's W (split), qg and U records of chunk-head sh, vector loads."""
+    for r in cutlass.range_constexpr(KS * 2):
+        cute.autovec_copy(wW[sh * KS * 64 + r * 32 + lane, None], Wr[r])
+        cute.autovec_copy(wQ[sh * KS * 64 + r * 32 + lane, None], Qr[r])
+    cute.autovec_copy(wU[(sh * KS + v0 // PASS_COLUMNS) * 32 + lane, None], Ur)
 
 
 @cute.jit
@@ -294,6 +303,13 @@ def chunk_pass_kernel(
             E = cute.make_rmem_tensor(cute.make_layout(8), Float32)
             O = cute.make_rmem_tensor(cute.make_layout(8), Float32)
             D = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+            # W and qg of the chunk in hand, loaded while the chunk before it finished
+            Wr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(KS * 2)]
+            Qr = [cute.make_rmem_tensor(cute.make_layout(2), Int32) for _ in range(KS * 2)]
+            Kr = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+            Ar = cute.make_rmem_tensor(cute.make_layout(2), Int32)
+            Lr = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+            Ur = cute.make_rmem_tensor(cute.make_layout(8), Float32)
             ah = cute.make_rmem_tensor(cute.make_layout(4), Int32)
             al = cute.make_rmem_tensor(cute.make_layout(4), Int32)
             vh = cute.make_rmem_tensor(cute.make_layout(4), Int32)
@@ -309,7 +325,10 @@ def chunk_pass_kernel(
                     S[nt * 4 + 1] = pool[row + nt * 8 + 1]
                     S[nt * 4 + 2] = pool[row + 8 * K + nt * 8]
                     S[nt * 4 + 3] = pool[row + 8 * K + nt * 8 + 1]
-            for j in cutlass.range((length + CHUNK - 1) // CHUNK):
+            chunks = (length + CHUNK - 1) // CHUNK
+            if chunks > 0:
+                _load_operands(wW, wQ, wU, Wr, Qr, Ur, first * H + h, v0, lane, KS)
+            for j in cutlass.range(chunks):
                 sh = (first + j) * H + h
                 start = j * CHUNK
                 rows = length - start
@@ -323,13 +342,13 @@ def chunk_pass_kernel(
                     ah[2], al[2] = split_bf16x2(S[ks * 8 + 4], S[ks * 8 + 5])
                     ah[3], al[3] = split_bf16x2(S[ks * 8 + 6], S[ks * 8 + 7])
                     for nt in cutlass.range_constexpr(2):
-                        rec = (sh * KS + ks) * 64 + nt * 32 + lane
-                        bh0 = wW[rec * 4]
-                        bh1 = wW[rec * 4 + 1]
-                        bl0 = wW[rec * 4 + 2]
-                        bl1 = wW[rec * 4 + 3]
-                        q0 = wQ[rec * 2]
-                        q1 = wQ[rec * 2 + 1]
+                        w = Wr[ks * 2 + nt]
+                        bh0 = w[0]
+                        bh1 = w[1]
+                        bl0 = w[2]
+                        bl1 = w[3]
+                        q0 = Qr[ks * 2 + nt][0]
+                        q1 = Qr[ks * 2 + nt][1]
                         b = nt * 4
                         X[b], X[b + 1], X[b + 2], X[b + 3] = mma_bf16(
                             ah[0], ah[1], ah[2], ah[3], bh0, bh1, X[b], X[b + 1], X[b + 2],
@@ -343,20 +362,20 @@ def chunk_pass_kernel(
                         O[b], O[b + 1], O[b + 2], O[b + 3] = mma_bf16(
                             ah[0], ah[1], ah[2], ah[3], q0, q1, O[b], O[b + 1], O[b + 2],
                             O[b + 3])
-                u_row = sh * CHUNK * K + v0 + g
                 for i in cutlass.range_constexpr(8):  # Vnew^T = U^T - X, in X
-                    tok = i // 4 * 8 + t2 + i % 2
-                    X[i] = wU[u_row + tok * K + i % 4 // 2 * 8] - X[i] - E[i]
+                    X[i] = Ur[i] - X[i] - E[i]
+                if j + 1 < chunks:  # the next chunk's W, qg and U, in flight during this update
+                    _load_operands(wW, wQ, wU, Wr, Qr, Ur, sh + H, v0, lane, KS)
                 vh[0], vl[0] = split_bf16x2(X[0], X[1])
                 vh[1], vl[1] = split_bf16x2(X[2], X[3])
                 vh[2], vl[2] = split_bf16x2(X[4], X[5])
                 vh[3], vl[3] = split_bf16x2(X[6], X[7])
                 for nt in cutlass.range_constexpr(2):
-                    rec = sh * 64 + nt * 32 + lane
+                    cute.autovec_copy(wA[sh * 64 + nt * 32 + lane, None], Ar)
                     b = nt * 4
                     O[b], O[b + 1], O[b + 2], O[b + 3] = mma_bf16(
-                        vh[0], vh[1], vh[2], vh[3], wA[rec * 2], wA[rec * 2 + 1], O[b],
-                        O[b + 1], O[b + 2], O[b + 3])
+                        vh[0], vh[1], vh[2], vh[3], Ar[0], Ar[1], O[b], O[b + 1], O[b + 2],
+                        O[b + 3])
                 for i in cutlass.range_constexpr(8):
                     tok = i // 4 * 8 + t2 + i % 2
                     if tok < rows:
@@ -369,14 +388,14 @@ def chunk_pass_kernel(
                             _interior_checkpoint(pool, wk, wG, S, vh, vl, D, slots[c], p, sh,
                                                  bos + start, h, H, v0, g, t2, K)
                 for nt in cutlass.range_constexpr(NT):
-                    col = sh * K + nt * 8 + t2
-                    d0 = wGL[col]
-                    d1 = wGL[col + 1]
-                    rec = (sh * NT + nt) * 32 + lane
-                    kh0 = wKd[rec * 4]
-                    kh1 = wKd[rec * 4 + 1]
-                    kl0 = wKd[rec * 4 + 2]
-                    kl1 = wKd[rec * 4 + 3]
+                    cute.autovec_copy(wGL[(sh * K + nt * 8 + t2) // 2, None], Lr)
+                    d0 = Lr[0]
+                    d1 = Lr[1]
+                    cute.autovec_copy(wKd[(sh * NT + nt) * 32 + lane, None], Kr)
+                    kh0 = Kr[0]
+                    kh1 = Kr[1]
+                    kl0 = Kr[2]
+                    kl1 = Kr[3]
                     b = nt * 4
                     D[0], D[1], D[2], D[3] = mma_bf16(
                         vh[0], vh[1], vh[2], vh[3], kh0, kh1, S[b] * d0, S[b + 1] * d1,

@@ -29,6 +29,12 @@ def _flat(element) -> object:
     return make_fake_compact_tensor(element, (sym_int64(),))
 
 
+def _rows(element, width: int) -> object:
+    """[rows, width] row-major, 16-byte aligned: a row is one vector load or store."""
+    return make_fake_compact_tensor(element, (sym_int64(), width), stride_order=(1, 0),
+                                    assumed_align=16)
+
+
 def _arguments(variant: Variant) -> tuple[object, list]:
     """(the @cute.jit function, its example arguments) for a variant."""
     const = dict(variant.constants)
@@ -56,9 +62,10 @@ def _arguments(variant: Variant) -> tuple[object, list]:
     if variant.kernel == "chunk_index":
         return chunk_source.kda_chunk_index, [_flat(I64), _flat(I32), _flat(I32), _flat(I64),
                                               stream]
-    # the chunk workspaces: W, qg, kd, A_qk (int32 bf16 pairs), U, G, e^G_last (fp32)
-    chunk_ws = [_flat(I32), _flat(I32), _flat(I32), _flat(I32), _flat(F32), _flat(F32),
-                _flat(F32)]
+    # the chunk workspaces: W, qg, kd, A_qk (rows of int32 bf16 pairs, one vector access
+    # each), U (rows of 8 fp32), G (flat fp32) and e^G_last (fp32 pairs)
+    chunk_ws = [_rows(I32, 4), _rows(I32, 2), _rows(I32, 4), _rows(I32, 2), _rows(F32, 8),
+                _flat(F32), _rows(F32, 2)]
     if variant.kernel == "chunk_prep":
         tensors = [_flat(dt["v"]), _flat(F32), _flat(F32), _flat(F32), _flat(F32), _flat(I64),
                    _flat(I32), _flat(I32), _flat(I64), *chunk_ws]

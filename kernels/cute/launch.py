@@ -61,7 +61,8 @@ def chunk_slots(tokens: int, seqs: int) -> int:
 
 def _chunk_workspaces(caps: Caps, device: torch.device) -> dict[str, torch.Tensor]:
     """Per (chunk, head): W and kd as split bf16 pairs, qg and A_qk as bf16 pairs (int32, in
-    the pass's operand order), U and G [16, K] and e^G_last [K] in fp32; the chunk index."""
+    the pass's operand order), U (in the pass's accumulator order) and G [16, K] and
+    e^G_last [K] in fp32; the chunk index."""
     units = chunk_slots(caps.max_tokens, caps.max_seqs) * caps.num_heads
     k = caps.head_dim
     i32 = {"dtype": torch.int32, "device": device}
@@ -180,8 +181,9 @@ def _run_chunked(binding, kernels, metadata, tokens: int) -> None:
     ws, H, m = plan.workspaces, plan.caps.num_heads, binding.cu_seqlens.numel() - 1
     cu, live = metadata[0], metadata[1]
     co = ws["chunk_index"][: m + 1]
-    chunk_ws = tuple(ws[name] for name in ("chunk_W", "chunk_QG", "chunk_KD", "chunk_A",
-                                           "chunk_U", "chunk_G", "chunk_GL"))
+    chunk_ws = (ws["chunk_W"].view(-1, 4), ws["chunk_QG"].view(-1, 2),
+                ws["chunk_KD"].view(-1, 4), ws["chunk_A"].view(-1, 2),
+                ws["chunk_U"].view(-1, 8), ws["chunk_G"], ws["chunk_GL"].view(-1, 2))
     index(cu, live, plan.error_code, co)
     if tokens:
         prep(binding.v.view(-1), ws["wq"], ws["wk"], ws["wd"], ws["wb"], cu, live,
