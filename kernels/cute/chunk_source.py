@@ -38,8 +38,8 @@ from cutlass.memory import SmemAllocator
 
 from .ptx import mma_bf16, pack_bf16x2, split_bf16x2
 from .source import active_checkpoints
+from .variants import CHUNK
 
-CHUNK = 16
 PREP_THREADS = 128
 PASS_COLUMNS = 16  # V columns per warp of the pass (the MMA's 16 rows)
 REFERENCE_TOKEN = 7  # A's factors are taken relative to this token's cumulative decay

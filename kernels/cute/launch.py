@@ -15,6 +15,7 @@ from ..config import Caps, CuteConfig
 from .runtime import library_for
 from .variants import (
     ALGORITHMS,
+    CHUNK,
     chunk_index_variant,
     chunk_pass_variant,
     chunk_prep_variant,
@@ -22,8 +23,6 @@ from .variants import (
     state_pass_variant,
     validate_variant,
 )
-
-CHUNK = 16  # the chunk algorithm's tokens per chunk (kernels/cute/chunk_source.py)
 
 MIN_CAPABILITY = (8, 0)
 
@@ -167,7 +166,7 @@ def run(binding) -> None:
             prepare(binding.q.view(-1), binding.k.view(-1), binding.g.view(-1),
                     binding.beta.view(-1), binding.A_log.view(-1), binding.dt_bias.view(-1),
                     *transformed, tokens * H, H, binding.scale, float(caps.lower_bound))
-        if len(algorithm) == 1:
+        if plan.config.algorithm == "recurrence":
             algorithm[0](binding.v.view(-1), binding.out.view(-1), binding.state_pool.view(-1),
                          *transformed, *metadata, plan.error_code, H, binding.out.shape[0], m)
         else:

@@ -17,6 +17,7 @@ from ..contract import CAPACITIES, GATE_MODES, HEAD_DIMS
 KERNELS = ("validate", "prepare", "state_pass", "chunk_index", "chunk_prep", "chunk_pass")
 ALGORITHMS = ("chunk", "recurrence")  # CuteConfig.algorithm: the kernels after validate
 CHUNK_PASS_WARPS = 1  # warps per block of the chunk pass, each owning 16 V columns
+CHUNK = 16  # the chunk algorithm's tokens per chunk (kernels/cute/chunk_source.py)
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32",
                torch.int32: "i32", torch.int64: "i64"}
 AOT_ACTIVATION = torch.bfloat16
