@@ -34,6 +34,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
 from .ptx import mma_bf16, pack_bf16x2, split_bf16x2
@@ -261,6 +262,23 @@ def _load_operands(wW: cute.Tensor, wQ: cute.Tensor, wU: cute.Tensor, Wr: list, 
 
 
 @cute.jit
+def _copy_update_operands(wKd: cute.Tensor, wGL: cute.Tensor, wA: cute.Tensor, sKd: cute.Tensor,
+                          sGL: cute.Tensor, sA: cute.Tensor, sh: Int64, warp: Int64, buf: Int64,
+                          lane: Int64, t2: Int64, K: cutlass.Constexpr):
+    """cp.async of the lane's kd, e^G_last and A_qk records of chunk-head sh into buffer buf,
+    committed as one group (each lane reads back only what it copied)."""
+    wide = cute.make_copy_atom(cpasync.CopyG2SOp(), Int32, num_bits_per_copy=128)
+    pair = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=64)
+    pair_i = cute.make_copy_atom(cpasync.CopyG2SOp(), Int32, num_bits_per_copy=64)
+    for nt in cutlass.range_constexpr(K // 8):
+        cute.copy(wide, wKd[(sh * (K // 8) + nt) * 32 + lane, None], sKd[warp, buf, nt, lane, None])
+        cute.copy(pair, wGL[(sh * K + nt * 8 + t2) // 2, None], sGL[warp, buf, nt, lane, None])
+    for nt in cutlass.range_constexpr(2):
+        cute.copy(pair_i, wA[sh * 64 + nt * 32 + lane, None], sA[warp, buf, nt, lane, None])
+    cute.arch.cp_async_commit_group()
+
+
+@cute.jit
 def _store_state(pool: cute.Tensor, S: cute.Tensor, slot: Int64, h: Int64, H: Int64, v0: Int64,
                  g: Int64, t2: Int64, K: cutlass.Constexpr):
     """S^T's accumulator tiles to pool[slot, h, v0 + g (+ 8), :] (V-first layout)."""
@@ -285,8 +303,17 @@ def chunk_pass_kernel(
     NT = K // 8
     tid = Int64(cute.arch.thread_idx()[0])
     lane = tid % 32
+    warp = tid // 32
     g = lane // 4
     t2 = lane % 4 * 2
+    # per warp, two chunks' kd, e^G_last and A_qk records, copied ahead with cp.async
+    smem = SmemAllocator()
+    sKd = smem.allocate_tensor(Int32, cute.make_layout(
+        (WARPS, 2, NT, 32, 4), stride=(2 * NT * 128, NT * 128, 128, 4, 1)), byte_alignment=16)
+    sGL = smem.allocate_tensor(Float32, cute.make_layout(
+        (WARPS, 2, NT, 32, 2), stride=(2 * NT * 64, NT * 64, 64, 2, 1)), byte_alignment=16)
+    sA = smem.allocate_tensor(Int32, cute.make_layout(
+        (WARPS, 2, 2, 32, 2), stride=(256, 128, 64, 2, 1)), byte_alignment=16)
     bidx, bidy, bidz = cute.arch.block_idx()
     n = Int64(bidx)
     h = Int64(bidy)
@@ -307,7 +334,6 @@ def chunk_pass_kernel(
             Wr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(KS * 2)]
             Qr = [cute.make_rmem_tensor(cute.make_layout(2), Int32) for _ in range(KS * 2)]
             Kr = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-            Ar = cute.make_rmem_tensor(cute.make_layout(2), Int32)
             Lr = cute.make_rmem_tensor(cute.make_layout(2), Float32)
             Ur = cute.make_rmem_tensor(cute.make_layout(8), Float32)
             ah = cute.make_rmem_tensor(cute.make_layout(4), Int32)
@@ -328,10 +354,16 @@ def chunk_pass_kernel(
             chunks = (length + CHUNK - 1) // CHUNK
             if chunks > 0:
                 _load_operands(wW, wQ, wU, Wr, Qr, Ur, first * H + h, v0, lane, KS)
+                _copy_update_operands(wKd, wGL, wA, sKd, sGL, sA, first * H + h, warp, 0, lane,
+                                      t2, K)
             for j in cutlass.range(chunks):
                 sh = (first + j) * H + h
                 start = j * CHUNK
                 rows = length - start
+                buf = j % 2
+                if j + 1 < chunks:  # the next chunk's update operands, copied during this one
+                    _copy_update_operands(wKd, wGL, wA, sKd, sGL, sA, sh + H, warp, 1 - buf,
+                                          lane, t2, K)
                 for i in cutlass.range_constexpr(8):
                     X[i] = Float32(0.0)
                     E[i] = Float32(0.0)
@@ -370,12 +402,15 @@ def chunk_pass_kernel(
                 vh[1], vl[1] = split_bf16x2(X[2], X[3])
                 vh[2], vl[2] = split_bf16x2(X[4], X[5])
                 vh[3], vl[3] = split_bf16x2(X[6], X[7])
+                if j + 1 < chunks:  # this chunk's copies are in (the next chunk's may not be)
+                    cute.arch.cp_async_wait_group(1)
+                else:
+                    cute.arch.cp_async_wait_group(0)
                 for nt in cutlass.range_constexpr(2):
-                    cute.autovec_copy(wA[sh * 64 + nt * 32 + lane, None], Ar)
                     b = nt * 4
                     O[b], O[b + 1], O[b + 2], O[b + 3] = mma_bf16(
-                        vh[0], vh[1], vh[2], vh[3], Ar[0], Ar[1], O[b], O[b + 1], O[b + 2],
-                        O[b + 3])
+                        vh[0], vh[1], vh[2], vh[3], sA[warp, buf, nt, lane, 0],
+                        sA[warp, buf, nt, lane, 1], O[b], O[b + 1], O[b + 2], O[b + 3])
                 for i in cutlass.range_constexpr(8):
                     tok = i // 4 * 8 + t2 + i % 2
                     if tok < rows:
@@ -388,10 +423,10 @@ def chunk_pass_kernel(
                             _interior_checkpoint(pool, wk, wG, S, vh, vl, D, slots[c], p, sh,
                                                  bos + start, h, H, v0, g, t2, K)
                 for nt in cutlass.range_constexpr(NT):
-                    cute.autovec_copy(wGL[(sh * K + nt * 8 + t2) // 2, None], Lr)
+                    cute.autovec_copy(sGL[warp, buf, nt, lane, None], Lr)
                     d0 = Lr[0]
                     d1 = Lr[1]
-                    cute.autovec_copy(wKd[(sh * NT + nt) * 32 + lane, None], Kr)
+                    cute.autovec_copy(sKd[warp, buf, nt, lane, None], Kr)
                     kh0 = Kr[0]
                     kh1 = Kr[1]
                     kl0 = Kr[2]
