@@ -90,10 +90,13 @@ class CuteConfig:
     """The cute backend's kernels. algorithm: "chunk" (16-token chunks: a chunk-parallel
     preparation, then a state pass on bf16 tensor cores with the state-path products split in
     three, kernels/cute/chunk_source.py) or "recurrence" (token by token on CUDA cores,
-    kernels/cute/source.py). threads and rows_per_thread: the recurrence's launch shape, 128
-    threads per state-pass block, each lane holding 16 of a column's K rows."""
+    kernels/cute/source.py). key_split: warps of the chunk pass that share one block of 16 V
+    columns, each holding K / key_split of the state's keys (their partial products summed
+    through shared memory every chunk). threads and rows_per_thread: the recurrence's launch
+    shape, 128 threads per state-pass block, each lane holding 16 of a column's K rows."""
 
     backend: str = "cute"
     threads: int = 128
     rows_per_thread: int = 16
     algorithm: str = "chunk"
+    key_split: int = 4

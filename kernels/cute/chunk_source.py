@@ -38,7 +38,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
 from .ptx import mma_bf16, pack_bf16x2, split_bf16x2
-from .source import active_checkpoints
+from .source import L2_NORM_EPS, active_checkpoints, beta_of, log_decay
 from .variants import CHUNK
 
 PREP_THREADS = 128
@@ -76,28 +76,10 @@ def chunk_index_kernel(cu: cute.Tensor, live: cute.Tensor, err: cute.Tensor, co:
             co[num_seqs] = run
 
 
-@cute.kernel
-def chunk_prep_kernel(
-    v: cute.Tensor, wq: cute.Tensor, wk: cute.Tensor, wd: cute.Tensor, wb: cute.Tensor,
-    cu: cute.Tensor, live: cute.Tensor, err: cute.Tensor, co: cute.Tensor,
-    wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor, wA: cute.Tensor, wU: cute.Tensor,
-    wG: cute.Tensor, wGL: cute.Tensor, H: Int64, K: cutlass.Constexpr,
-):
-    KS = K // 16
-    NT = K // 8
-    tid = Int64(cute.arch.thread_idx()[0])
-    c = Int64(cute.arch.block_idx()[0])
-    h = Int64(cute.arch.block_idx()[1])
-    smem = SmemAllocator()
-    tile = cute.make_layout((CHUNK, PAD), stride=(PAD, 1))
-    square = cute.make_layout((CHUNK, CHUNK + 1), stride=(CHUNK + 1, 1))
-    KR = smem.allocate_tensor(Float32, tile, byte_alignment=16)  # k e^(G - G_ref), then W
-    KI = smem.allocate_tensor(Float32, tile, byte_alignment=16)  # k e^(G_ref - G), then kd
-    QR = smem.allocate_tensor(Float32, tile, byte_alignment=16)  # q e^(G - G_ref), then qg
-    AK = smem.allocate_tensor(Float32, square, byte_alignment=16)
-    AQ = smem.allocate_tensor(Float32, square, byte_alignment=16)
-    TT = smem.allocate_tensor(Float32, square, byte_alignment=16)
-    BETA = smem.allocate_tensor(Float32, cute.make_layout(CHUNK), byte_alignment=16)
+@cute.jit
+def _chunk_of(c: Int64, live: cute.Tensor, err: cute.Tensor, co: cute.Tensor):
+    """(1, n) when chunk slot c is the batch's and sequence n's, else (0, 0): a binary search
+    of the chunk index."""
     live_chunk = Int32(0)
     n = Int64(0)
     if err[0] == 0:
@@ -114,6 +96,52 @@ def chunk_prep_kernel(
                     else:
                         hi = mid
             n = lo
+    return live_chunk, n
+
+
+@cute.jit
+def _store_key_records(tile: cute.Tensor, dst: cute.Tensor, base: Int64, tid: Int64,
+                       quad: cute.Tensor, K: cutlass.Constexpr):
+    """A [16 tokens, K] tile split in high and low bf16, as the B operands of the pass's
+    update (record (key tile, lane) at dst[base + record])."""
+    for rec in cutlass.range(tid, K // 8 * 32, PREP_THREADS):
+        lane = rec % 32
+        col = rec // 32 * 8 + lane // 4
+        t2 = lane % 4 * 2
+        quad[0], quad[2] = split_bf16x2(tile[t2, col], tile[t2 + 1, col])
+        quad[1], quad[3] = split_bf16x2(tile[t2 + 8, col], tile[t2 + 9, col])
+        cute.autovec_copy(quad, dst[base + rec, None])
+
+
+@cute.kernel
+def chunk_prep_kernel(
+    q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, g: cute.Tensor, beta: cute.Tensor,
+    A_log: cute.Tensor, dt_bias: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
+    err: cute.Tensor, co: cute.Tensor, ck_off: cute.Tensor, ck_idx: cute.Tensor,
+    wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor, wA: cute.Tensor, wU: cute.Tensor,
+    wGL: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, H: Int64, CK: Int64,
+    scale: Float32, lower_bound: Float32, K: cutlass.Constexpr, GATE: cutlass.Constexpr,
+    QK_L2NORM: cutlass.Constexpr, BETA_SIGMOID: cutlass.Constexpr,
+):
+    KS = K // 16
+    tid = Int64(cute.arch.thread_idx()[0])
+    c = Int64(cute.arch.block_idx()[0])
+    h = Int64(cute.arch.block_idx()[1])
+    smem = SmemAllocator()
+    tile = cute.make_layout((CHUNK, PAD), stride=(PAD, 1))
+    square = cute.make_layout((CHUNK, CHUNK + 1), stride=(CHUNK + 1, 1))
+    KR = smem.allocate_tensor(Float32, tile, byte_alignment=16)  # k e^(G - G_ref), then W
+    KI = smem.allocate_tensor(Float32, tile, byte_alignment=16)  # k e^(G_ref - G), then kd
+    QR = smem.allocate_tensor(Float32, tile, byte_alignment=16)  # q e^(G - G_ref), then qg
+    KN = smem.allocate_tensor(Float32, tile, byte_alignment=16)  # k (normalised)
+    GT = smem.allocate_tensor(Float32, tile, byte_alignment=16)  # G, the in-chunk log decay
+    AK = smem.allocate_tensor(Float32, square, byte_alignment=16)
+    AQ = smem.allocate_tensor(Float32, square, byte_alignment=16)
+    TT = smem.allocate_tensor(Float32, square, byte_alignment=16)
+    BETA = smem.allocate_tensor(Float32, cute.make_layout(CHUNK), byte_alignment=16)
+    NORM = smem.allocate_tensor(Float32, cute.make_layout((2, 4, CHUNK), stride=(64, 16, 1)),
+                                byte_alignment=16)  # per q/k, warp and token: a sum of squares
+    live_chunk, n = _chunk_of(c, live, err, co)
     if live_chunk != 0:
         start = cu[n] + (c - co[n]) * CHUNK
         rows = cu[n + 1] - start
@@ -127,24 +155,57 @@ def chunk_prep_kernel(
         if tid < CHUNK:
             b = Float32(0.0)
             if tid < rows:
-                b = wb[(start + tid) * H + h]
+                b = beta_of(Float32(beta[(start + tid) * H + h]), BETA_SIGMOID)
             BETA[tid] = b
-        if tid < K:
-            run = Float32(0.0)
+        if tid < K:  # the raw inputs of channel tid, the gate transformed
+            rate = Float32(1.0)
+            bias = Float32(0.0)
+            if cutlass.const_expr(GATE != 0):
+                rate = cute.math.exp(Float32(A_log[h]))
+                bias = Float32(dt_bias[h * K + tid])
             for i in cutlass.range_constexpr(CHUNK):
                 kv = Float32(0.0)
                 qv = Float32(0.0)
                 gv = Float32(0.0)
                 if i < rows:
                     at = ((start + i) * H + h) * K + tid
-                    kv = wk[at]
-                    qv = wq[at]
-                    gv = wd[at]
+                    kv = Float32(k[at])
+                    qv = Float32(q[at])
+                    gv = log_decay(Float32(g[at]), rate, bias, lower_bound, GATE)
                 kk[i] = kv
                 qq[i] = qv
                 R[i] = gv
-                run = run + gv
+        if cutlass.const_expr(QK_L2NORM):  # each token's sums of squares over the K channels
+            for i in cutlass.range_constexpr(CHUNK):
+                sq = Float32(0.0)
+                sk = Float32(0.0)
+                if tid < K:
+                    sq = qq[i] * qq[i]
+                    sk = kk[i] * kk[i]
+                sq = cute.arch.warp_reduction_sum(sq)
+                sk = cute.arch.warp_reduction_sum(sk)
+                if tid % 32 == 0:
+                    NORM[0, tid // 32, i] = sq
+                    NORM[1, tid // 32, i] = sk
+            cute.arch.sync_threads()
+        if tid < K:
+            for i in cutlass.range_constexpr(CHUNK):
+                q_scale = scale
+                if cutlass.const_expr(QK_L2NORM):
+                    sq = Float32(0.0)
+                    sk = Float32(0.0)
+                    for w in cutlass.range_constexpr(K // 32):
+                        sq = sq + NORM[0, w, i]
+                        sk = sk + NORM[1, w, i]
+                    q_scale = scale / cute.math.sqrt(sq + L2_NORM_EPS)
+                    kk[i] = kk[i] / cute.math.sqrt(sk + L2_NORM_EPS)
+                qq[i] = qq[i] * q_scale
+            run = Float32(0.0)
+            for i in cutlass.range_constexpr(CHUNK):
+                run = run + R[i]
                 G[i] = run
+                KN[i, tid] = kk[i]
+                GT[i, tid] = run
             later = Float32(0.0)
             for i in cutlass.range_constexpr(CHUNK - 1, -1, -1):
                 gv = R[i]
@@ -156,7 +217,6 @@ def chunk_prep_kernel(
                 KR[i, tid] = kk[i] * up
                 QR[i, tid] = qq[i] * up
                 KI[i, tid] = kk[i] * cute.math.exp(ref - G[i])
-                wG[(sh * CHUNK + i) * K + tid] = G[i]
             wGL[(sh * K + tid) // 2, tid % 2] = cute.math.exp(G[CHUNK - 1])
         cute.arch.sync_threads()
         for r in cutlass.range_constexpr(2):
@@ -224,13 +284,7 @@ def chunk_prep_kernel(
             pair[0] = pack_bf16x2(QR[tok, c0], QR[tok, c0 + 1])
             pair[1] = pack_bf16x2(QR[tok, c0 + 8], QR[tok, c0 + 9])
             cute.autovec_copy(pair, wQ[sh * KS * 64 + rec, None])
-        for rec in cutlass.range(tid, NT * 32, PREP_THREADS):  # kd: (n tile, lane)
-            lane = rec % 32
-            col = rec // 32 * 8 + lane // 4
-            t2 = lane % 4 * 2
-            quad[0], quad[2] = split_bf16x2(KI[t2, col], KI[t2 + 1, col])
-            quad[1], quad[3] = split_bf16x2(KI[t2 + 8, col], KI[t2 + 9, col])
-            cute.autovec_copy(quad, wKd[sh * NT * 32 + rec, None])
+        _store_key_records(KI, wKd, sh * (K // 8) * 32, tid, quad, K)  # kd
         if tid < 64:  # A_qk: (n tile, lane)
             lane = tid % 32
             row = tid // 32 * 8 + lane // 4
@@ -238,6 +292,27 @@ def chunk_prep_kernel(
             pair[0] = pack_bf16x2(AQ[row, t2], AQ[row, t2 + 1])
             pair[1] = pack_bf16x2(AQ[row, t2 + 8], AQ[row, t2 + 9])
             cute.autovec_copy(pair, wA[sh * 64 + tid, None])
+        # the operands of each checkpoint strictly inside this chunk, at in-chunk position p:
+        # k e^(G_p - G) over the first p tokens (zero after) and e^G_p, G_p = G[p - 1]
+        for m in cutlass.range(CK):
+            slot = ck_idx[n * CK + m]
+            p = ck_off[n * CK + m] - (start - cu[n])
+            if slot < 0:
+                p = Int64(0)
+            if p > 0:
+                if p < CHUNK:
+                    unit = (n * CK + m) * H + h
+                    cute.arch.sync_threads()  # KR is free again
+                    if tid < K:
+                        top = GT[p - 1, tid]
+                        for i in cutlass.range_constexpr(CHUNK):
+                            kp = Float32(0.0)
+                            if i < p:
+                                kp = KN[i, tid] * cute.math.exp(top - GT[i, tid])
+                            KR[i, tid] = kp
+                        wCD[(unit * K + tid) // 2, tid % 2] = cute.math.exp(top)
+                    cute.arch.sync_threads()
+                    _store_key_records(KR, wCK, unit * (K // 8) * 32, tid, quad, K)
 
 
 @cute.jit
@@ -253,37 +328,56 @@ def _fill_nan(out: cute.Tensor, n: Int64, h: Int64, v0: Int64, lane: Int64, H: I
 
 @cute.jit
 def _load_operands(wW: cute.Tensor, wQ: cute.Tensor, wU: cute.Tensor, Wr: list, Qr: list,
-                   Ur: cute.Tensor, sh: Int64, v0: Int64, lane: Int64, KS: cutlass.Constexpr):
-    """The lane's W (split), qg and U records of chunk-head sh, vector loads."""
-    for r in cutlass.range_constexpr(KS * 2):
-        cute.autovec_copy(wW[sh * KS * 64 + r * 32 + lane, None], Wr[r])
-        cute.autovec_copy(wQ[sh * KS * 64 + r * 32 + lane, None], Qr[r])
+                   Ur: cute.Tensor, sh: Int64, v0: Int64, lane: Int64, part: Int64,
+                   KS: cutlass.Constexpr, SPLIT: cutlass.Constexpr):
+    """The lane's W (split) and qg records of its part's key steps of chunk-head sh, and its U
+    record, vector loads."""
+    for r in cutlass.range_constexpr(KS // SPLIT * 2):
+        rec = sh * KS * 64 + (part * (KS // SPLIT) * 2 + r) * 32 + lane
+        cute.autovec_copy(wW[rec, None], Wr[r])
+        cute.autovec_copy(wQ[rec, None], Qr[r])
     cute.autovec_copy(wU[(sh * KS + v0 // PASS_COLUMNS) * 32 + lane, None], Ur)
 
 
 @cute.jit
 def _copy_update_operands(wKd: cute.Tensor, wGL: cute.Tensor, wA: cute.Tensor, sKd: cute.Tensor,
                           sGL: cute.Tensor, sA: cute.Tensor, sh: Int64, warp: Int64, buf: Int64,
-                          lane: Int64, t2: Int64, K: cutlass.Constexpr):
-    """cp.async of the lane's kd, e^G_last and A_qk records of chunk-head sh into buffer buf,
-    committed as one group (each lane reads back only what it copied)."""
+                          lane: Int64, t2: Int64, part: Int64, K: cutlass.Constexpr,
+                          SPLIT: cutlass.Constexpr):
+    """cp.async of the lane's kd and e^G_last records of its part's key tiles of chunk-head sh,
+    and of the A_qk records of the token tiles its warp writes, into buffer buf, committed as
+    one group (each lane reads back only what it copied)."""
+    NTW = K // 8 // SPLIT
     wide = cute.make_copy_atom(cpasync.CopyG2SOp(), Int32, num_bits_per_copy=128)
     pair = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=64)
     pair_i = cute.make_copy_atom(cpasync.CopyG2SOp(), Int32, num_bits_per_copy=64)
-    for nt in cutlass.range_constexpr(K // 8):
-        cute.copy(wide, wKd[(sh * (K // 8) + nt) * 32 + lane, None], sKd[warp, buf, nt, lane, None])
-        cute.copy(pair, wGL[(sh * K + nt * 8 + t2) // 2, None], sGL[warp, buf, nt, lane, None])
-    for nt in cutlass.range_constexpr(2):
-        cute.copy(pair_i, wA[sh * 64 + nt * 32 + lane, None], sA[warp, buf, nt, lane, None])
+    for nt in cutlass.range_constexpr(NTW):
+        key_tile = part * NTW + nt
+        cute.copy(wide, wKd[(sh * (K // 8) + key_tile) * 32 + lane, None],
+                  sKd[warp, buf, nt, lane, None])
+        cute.copy(pair, wGL[(sh * K + key_tile * 8 + t2) // 2, None],
+                  sGL[warp, buf, nt, lane, None])
+    for ot in cutlass.range_constexpr(2):
+        if _writes_tile(part, ot, SPLIT):
+            cute.copy(pair_i, wA[sh * 64 + ot * 32 + lane, None], sA[warp, buf, ot, lane, None])
     cute.arch.cp_async_commit_group()
 
 
 @cute.jit
+def _writes_tile(part: Int64, ot: cutlass.Constexpr, SPLIT: cutlass.Constexpr):
+    """Whether the warp of key part `part` writes the output's token tile ot: all of them
+    when one warp holds all keys, else warp ot of the group."""
+    return SPLIT == 1 or part == ot
+
+
+@cute.jit
 def _store_state(pool: cute.Tensor, S: cute.Tensor, slot: Int64, h: Int64, H: Int64, v0: Int64,
-                 g: Int64, t2: Int64, K: cutlass.Constexpr):
-    """S^T's accumulator tiles to pool[slot, h, v0 + g (+ 8), :] (V-first layout)."""
-    row = ((slot * H + h) * K + v0 + g) * K + t2
-    for nt in cutlass.range_constexpr(K // 8):
+                 g: Int64, t2: Int64, part: Int64, K: cutlass.Constexpr,
+                 SPLIT: cutlass.Constexpr):
+    """The warp's S^T tiles to pool[slot, h, v0 + g (+ 8), its keys] (V-first layout)."""
+    NTW = K // 8 // SPLIT
+    row = ((slot * H + h) * K + v0 + g) * K + t2 + part * NTW * 8
+    for nt in cutlass.range_constexpr(NTW):
         pool[row + nt * 8] = S[nt * 4]
         pool[row + nt * 8 + 1] = S[nt * 4 + 1]
         pool[row + 8 * K + nt * 8] = S[nt * 4 + 2]
@@ -292,47 +386,57 @@ def _store_state(pool: cute.Tensor, S: cute.Tensor, slot: Int64, h: Int64, H: In
 
 @cute.kernel
 def chunk_pass_kernel(
-    out: cute.Tensor, pool: cute.Tensor, wk: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
+    out: cute.Tensor, pool: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
     init_idx: cute.Tensor, final_idx: cute.Tensor, ck_off: cute.Tensor, ck_idx: cute.Tensor,
     err: cute.Tensor, co: cute.Tensor, wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor,
-    wA: cute.Tensor, wU: cute.Tensor, wG: cute.Tensor, wGL: cute.Tensor, H: Int64,
+    wA: cute.Tensor, wU: cute.Tensor, wGL: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor,
+    H: Int64,
     token_capacity: Int64, meta_capacity: Int64, K: cutlass.Constexpr, CK: cutlass.Constexpr,
-    WARPS: cutlass.Constexpr,
+    WARPS: cutlass.Constexpr, SPLIT: cutlass.Constexpr,
 ):
     KS = K // 16
-    NT = K // 8
+    KSW = KS // SPLIT  # the warp's key steps of 16
+    NTW = K // 8 // SPLIT  # the warp's key tiles of 8
+    WT = WARPS * SPLIT
     tid = Int64(cute.arch.thread_idx()[0])
     lane = tid % 32
     warp = tid // 32
+    part = warp % SPLIT  # which K / SPLIT keys of the state this warp holds
+    group = warp // SPLIT  # which 16 V columns of the block
     g = lane // 4
     t2 = lane % 4 * 2
     # per warp, two chunks' kd, e^G_last and A_qk records, copied ahead with cp.async
     smem = SmemAllocator()
     sKd = smem.allocate_tensor(Int32, cute.make_layout(
-        (WARPS, 2, NT, 32, 4), stride=(2 * NT * 128, NT * 128, 128, 4, 1)), byte_alignment=16)
+        (WT, 2, NTW, 32, 4), stride=(2 * NTW * 128, NTW * 128, 128, 4, 1)), byte_alignment=16)
     sGL = smem.allocate_tensor(Float32, cute.make_layout(
-        (WARPS, 2, NT, 32, 2), stride=(2 * NT * 64, NT * 64, 64, 2, 1)), byte_alignment=16)
+        (WT, 2, NTW, 32, 2), stride=(2 * NTW * 64, NTW * 64, 64, 2, 1)), byte_alignment=16)
     sA = smem.allocate_tensor(Int32, cute.make_layout(
-        (WARPS, 2, 2, 32, 2), stride=(256, 128, 64, 2, 1)), byte_alignment=16)
+        (WT, 2, 2, 32, 2), stride=(256, 128, 64, 2, 1)), byte_alignment=16)
+    # per warp and chunk parity, its partial X (2 token tiles) and o (2 token tiles)
+    sX = smem.allocate_tensor(Float32, cute.make_layout(
+        (2, WT, 32, 4, 4), stride=(WT * 512, 512, 16, 4, 1)), byte_alignment=16)
     bidx, bidy, bidz = cute.arch.block_idx()
     n = Int64(bidx)
     h = Int64(bidy)
-    v0 = (Int64(bidz) * WARPS + tid // 32) * PASS_COLUMNS
+    v0 = (Int64(bidz) * WARPS + group) * PASS_COLUMNS
     if err[0] != 0:
-        _fill_nan(out, n, h, v0, lane, H, token_capacity, meta_capacity, K)
+        if part == 0:
+            _fill_nan(out, n, h, v0, lane, H, token_capacity, meta_capacity, K)
     else:
         if n < Int64(live[0]):
             bos = cu[n]
             length = cu[n + 1] - bos
             first = co[n]
-            S = cute.make_rmem_tensor(cute.make_layout(NT * 4), Float32)
+            S = cute.make_rmem_tensor(cute.make_layout(NTW * 4), Float32)
             X = cute.make_rmem_tensor(cute.make_layout(8), Float32)
             E = cute.make_rmem_tensor(cute.make_layout(8), Float32)
             O = cute.make_rmem_tensor(cute.make_layout(8), Float32)
+            P = cute.make_rmem_tensor(cute.make_layout(4), Float32)
             D = cute.make_rmem_tensor(cute.make_layout(4), Float32)
             # W and qg of the chunk in hand, loaded while the chunk before it finished
-            Wr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(KS * 2)]
-            Qr = [cute.make_rmem_tensor(cute.make_layout(2), Int32) for _ in range(KS * 2)]
+            Wr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(KSW * 2)]
+            Qr = [cute.make_rmem_tensor(cute.make_layout(2), Int32) for _ in range(KSW * 2)]
             Kr = cute.make_rmem_tensor(cute.make_layout(4), Int32)
             Lr = cute.make_rmem_tensor(cute.make_layout(2), Float32)
             Ur = cute.make_rmem_tensor(cute.make_layout(8), Float32)
@@ -341,21 +445,21 @@ def chunk_pass_kernel(
             vh = cute.make_rmem_tensor(cute.make_layout(4), Int32)
             vl = cute.make_rmem_tensor(cute.make_layout(4), Int32)
             offsets, slots = active_checkpoints(ck_off, ck_idx, n, CK)
-            for i in cutlass.range_constexpr(NT * 4):
+            for i in cutlass.range_constexpr(NTW * 4):
                 S[i] = Float32(0.0)
             init = init_idx[n]
             if init >= 0:
-                row = ((init * H + h) * K + v0 + g) * K + t2
-                for nt in cutlass.range_constexpr(NT):
+                row = ((init * H + h) * K + v0 + g) * K + t2 + part * NTW * 8
+                for nt in cutlass.range_constexpr(NTW):
                     S[nt * 4] = pool[row + nt * 8]
                     S[nt * 4 + 1] = pool[row + nt * 8 + 1]
                     S[nt * 4 + 2] = pool[row + 8 * K + nt * 8]
                     S[nt * 4 + 3] = pool[row + 8 * K + nt * 8 + 1]
             chunks = (length + CHUNK - 1) // CHUNK
             if chunks > 0:
-                _load_operands(wW, wQ, wU, Wr, Qr, Ur, first * H + h, v0, lane, KS)
+                _load_operands(wW, wQ, wU, Wr, Qr, Ur, first * H + h, v0, lane, part, KS, SPLIT)
                 _copy_update_operands(wKd, wGL, wA, sKd, sGL, sA, first * H + h, warp, 0, lane,
-                                      t2, K)
+                                      t2, part, K, SPLIT)
             for j in cutlass.range(chunks):
                 sh = (first + j) * H + h
                 start = j * CHUNK
@@ -363,12 +467,12 @@ def chunk_pass_kernel(
                 buf = j % 2
                 if j + 1 < chunks:  # the next chunk's update operands, copied during this one
                     _copy_update_operands(wKd, wGL, wA, sKd, sGL, sA, sh + H, warp, 1 - buf,
-                                          lane, t2, K)
+                                          lane, t2, part, K, SPLIT)
                 for i in cutlass.range_constexpr(8):
                     X[i] = Float32(0.0)
                     E[i] = Float32(0.0)
                     O[i] = Float32(0.0)
-                for ks in cutlass.range_constexpr(KS):
+                for ks in cutlass.range_constexpr(KSW):
                     ah[0], al[0] = split_bf16x2(S[ks * 8], S[ks * 8 + 1])
                     ah[1], al[1] = split_bf16x2(S[ks * 8 + 2], S[ks * 8 + 3])
                     ah[2], al[2] = split_bf16x2(S[ks * 8 + 4], S[ks * 8 + 5])
@@ -394,10 +498,38 @@ def chunk_pass_kernel(
                         O[b], O[b + 1], O[b + 2], O[b + 3] = mma_bf16(
                             ah[0], ah[1], ah[2], ah[3], q0, q1, O[b], O[b + 1], O[b + 2],
                             O[b + 3])
+                for i in cutlass.range_constexpr(8):
+                    X[i] = X[i] + E[i]
+                if cutlass.const_expr(SPLIT > 1):
+                    # the group's partial products summed in part order (every warp the same)
+                    for ti in cutlass.range_constexpr(2):
+                        for e in cutlass.range_constexpr(4):
+                            P[e] = X[ti * 4 + e]
+                        cute.autovec_copy(P, sX[buf, warp, lane, ti, None])
+                        for e in cutlass.range_constexpr(4):
+                            P[e] = O[ti * 4 + e]
+                        cute.autovec_copy(P, sX[buf, warp, lane, 2 + ti, None])
+                    cute.arch.barrier(barrier_id=1 + group, number_of_threads=32 * SPLIT)
+                    for i in cutlass.range_constexpr(8):
+                        X[i] = Float32(0.0)
+                    for p in cutlass.range_constexpr(SPLIT):
+                        for ti in cutlass.range_constexpr(2):
+                            cute.autovec_copy(sX[buf, group * SPLIT + p, lane, ti, None], P)
+                            for e in cutlass.range_constexpr(4):
+                                X[ti * 4 + e] = X[ti * 4 + e] + P[e]
+                    for ot in cutlass.range_constexpr(2):
+                        if part == ot:
+                            for e in cutlass.range_constexpr(4):
+                                O[ot * 4 + e] = Float32(0.0)
+                            for p in cutlass.range_constexpr(SPLIT):
+                                cute.autovec_copy(sX[buf, group * SPLIT + p, lane, 2 + ot, None],
+                                                  P)
+                                for e in cutlass.range_constexpr(4):
+                                    O[ot * 4 + e] = O[ot * 4 + e] + P[e]
                 for i in cutlass.range_constexpr(8):  # Vnew^T = U^T - X, in X
-                    X[i] = Ur[i] - X[i] - E[i]
+                    X[i] = Ur[i] - X[i]
                 if j + 1 < chunks:  # the next chunk's W, qg and U, in flight during this update
-                    _load_operands(wW, wQ, wU, Wr, Qr, Ur, sh + H, v0, lane, KS)
+                    _load_operands(wW, wQ, wU, Wr, Qr, Ur, sh + H, v0, lane, part, KS, SPLIT)
                 vh[0], vl[0] = split_bf16x2(X[0], X[1])
                 vh[1], vl[1] = split_bf16x2(X[2], X[3])
                 vh[2], vl[2] = split_bf16x2(X[4], X[5])
@@ -406,23 +538,25 @@ def chunk_pass_kernel(
                     cute.arch.cp_async_wait_group(1)
                 else:
                     cute.arch.cp_async_wait_group(0)
-                for nt in cutlass.range_constexpr(2):
-                    b = nt * 4
-                    O[b], O[b + 1], O[b + 2], O[b + 3] = mma_bf16(
-                        vh[0], vh[1], vh[2], vh[3], sA[warp, buf, nt, lane, 0],
-                        sA[warp, buf, nt, lane, 1], O[b], O[b + 1], O[b + 2], O[b + 3])
-                for i in cutlass.range_constexpr(8):
-                    tok = i // 4 * 8 + t2 + i % 2
-                    if tok < rows:
-                        out[((bos + start + tok) * H + h) * K + v0 + g + i % 4 // 2 * 8] = \
-                            O[i].to(out.element_type)
+                for ot in cutlass.range_constexpr(2):
+                    if _writes_tile(part, ot, SPLIT):
+                        b = ot * 4
+                        O[b], O[b + 1], O[b + 2], O[b + 3] = mma_bf16(
+                            vh[0], vh[1], vh[2], vh[3], sA[warp, buf, ot, lane, 0],
+                            sA[warp, buf, ot, lane, 1], O[b], O[b + 1], O[b + 2], O[b + 3])
+                        for e in cutlass.range_constexpr(4):
+                            tok = ot * 8 + t2 + e % 2
+                            if tok < rows:
+                                out[((bos + start + tok) * H + h) * K + v0 + g + e // 2 * 8] = \
+                                    O[b + e].to(out.element_type)
                 for c in cutlass.range_constexpr(CK):  # checkpoints strictly inside the chunk
                     p = offsets[c] - start
                     if p > 0:
                         if p < CHUNK:
-                            _interior_checkpoint(pool, wk, wG, S, vh, vl, D, slots[c], p, sh,
-                                                 bos + start, h, H, v0, g, t2, K)
-                for nt in cutlass.range_constexpr(NT):
+                            _interior_checkpoint(pool, wCK, wCD, S, vh, vl, D, Kr, Lr, slots[c],
+                                                 (n * CK + c) * H + h, h, H, v0, g, t2, lane,
+                                                 part, K, SPLIT)
+                for nt in cutlass.range_constexpr(NTW):
                     cute.autovec_copy(sGL[warp, buf, nt, lane, None], Lr)
                     d0 = Lr[0]
                     d1 = Lr[1]
@@ -441,41 +575,33 @@ def chunk_pass_kernel(
                         vl[0], vl[1], vl[2], vl[3], kh0, kh1, D[0], D[1], D[2], D[3])
                 for c in cutlass.range_constexpr(CK):  # a checkpoint at the chunk's end
                     if offsets[c] == start + CHUNK:
-                        _store_state(pool, S, slots[c], h, H, v0, g, t2, K)
+                        _store_state(pool, S, slots[c], h, H, v0, g, t2, part, K, SPLIT)
             last = final_idx[n]
             if last >= 0:
-                _store_state(pool, S, last, h, H, v0, g, t2, K)
+                _store_state(pool, S, last, h, H, v0, g, t2, part, K, SPLIT)
 
 
 @cute.jit
-def _interior_checkpoint(pool: cute.Tensor, wk: cute.Tensor, wG: cute.Tensor, S: cute.Tensor,
-                         vh: cute.Tensor, vl: cute.Tensor, D: cute.Tensor, slot: Int64, p: Int64,
-                         sh: Int64, row0: Int64, h: Int64, H: Int64, v0: Int64, g: Int64,
-                         t2: Int64, K: cutlass.Constexpr):
+def _interior_checkpoint(pool: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, S: cute.Tensor,
+                         vh: cute.Tensor, vl: cute.Tensor, D: cute.Tensor, Kr: cute.Tensor,
+                         Lr: cute.Tensor, slot: Int64, unit: Int64, h: Int64, H: Int64,
+                         v0: Int64, g: Int64, t2: Int64, lane: Int64, part: Int64,
+                         K: cutlass.Constexpr, SPLIT: cutlass.Constexpr):
     """The state after the chunk's first p tokens, e^G_p S_0 + (k e^(G_p - G))[:p]^T Vnew[:p],
-    written to pool[slot] tile by tile."""
-    gp = (sh * CHUNK + p - 1) * K
-    dst = ((slot * H + h) * K + v0 + g) * K + t2
-    kp = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-    for nt in cutlass.range_constexpr(K // 8):
-        col = nt * 8 + g  # the B operand's column (a key channel)
-        top = wG[gp + col]
-        for e in cutlass.range_constexpr(4):
-            tok = t2 + e % 2 + e // 2 * 8
-            kp[e] = Float32(0.0)
-            if tok < p:
-                kp[e] = wk[((row0 + tok) * H + h) * K + col] * cute.math.exp(
-                    top - wG[(sh * CHUNK + tok) * K + col])
-        bh0, bl0 = split_bf16x2(kp[0], kp[1])
-        bh1, bl1 = split_bf16x2(kp[2], kp[3])
-        d0 = cute.math.exp(wG[gp + nt * 8 + t2])
-        d1 = cute.math.exp(wG[gp + nt * 8 + t2 + 1])
+    from the operands the prep wrote for checkpoint unit `unit`, to pool[slot] (the warp's
+    keys)."""
+    NTW = K // 8 // SPLIT
+    dst = ((slot * H + h) * K + v0 + g) * K + t2 + part * NTW * 8
+    for nt in cutlass.range_constexpr(NTW):
+        key_tile = part * NTW + nt
+        cute.autovec_copy(wCK[(unit * (K // 8) + key_tile) * 32 + lane, None], Kr)
+        cute.autovec_copy(wCD[(unit * K + key_tile * 8 + t2) // 2, None], Lr)
         b = nt * 4
-        D[0], D[1], D[2], D[3] = mma_bf16(vh[0], vh[1], vh[2], vh[3], bh0, bh1, S[b] * d0,
-                                          S[b + 1] * d1, S[b + 2] * d0, S[b + 3] * d1)
-        D[0], D[1], D[2], D[3] = mma_bf16(vh[0], vh[1], vh[2], vh[3], bl0, bl1, D[0], D[1],
+        D[0], D[1], D[2], D[3] = mma_bf16(vh[0], vh[1], vh[2], vh[3], Kr[0], Kr[1], S[b] * Lr[0],
+                                          S[b + 1] * Lr[1], S[b + 2] * Lr[0], S[b + 3] * Lr[1])
+        D[0], D[1], D[2], D[3] = mma_bf16(vh[0], vh[1], vh[2], vh[3], Kr[2], Kr[3], D[0], D[1],
                                           D[2], D[3])
-        D[0], D[1], D[2], D[3] = mma_bf16(vl[0], vl[1], vl[2], vl[3], bh0, bh1, D[0], D[1],
+        D[0], D[1], D[2], D[3] = mma_bf16(vl[0], vl[1], vl[2], vl[3], Kr[0], Kr[1], D[0], D[1],
                                           D[2], D[3])
         pool[dst + nt * 8] = D[0]
         pool[dst + nt * 8 + 1] = D[1]
@@ -491,27 +617,31 @@ def kda_chunk_index(cu: cute.Tensor, live: cute.Tensor, err: cute.Tensor, co: cu
 
 @cute.jit
 def kda_chunk_prep(
-    v: cute.Tensor, wq: cute.Tensor, wk: cute.Tensor, wd: cute.Tensor, wb: cute.Tensor,
-    cu: cute.Tensor, live: cute.Tensor, err: cute.Tensor, co: cute.Tensor,
+    q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, g: cute.Tensor, beta: cute.Tensor,
+    A_log: cute.Tensor, dt_bias: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
+    err: cute.Tensor, co: cute.Tensor, ck_off: cute.Tensor, ck_idx: cute.Tensor,
     wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor, wA: cute.Tensor, wU: cute.Tensor,
-    wG: cute.Tensor, wGL: cute.Tensor, H: Int64, slots: Int64, stream, K: cutlass.Constexpr,
+    wGL: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, H: Int64, CK: Int64, slots: Int64,
+    scale: Float32, lower_bound: Float32, stream, K: cutlass.Constexpr,
+    GATE: cutlass.Constexpr, QK_L2NORM: cutlass.Constexpr, BETA_SIGMOID: cutlass.Constexpr,
 ):
-    chunk_prep_kernel(v, wq, wk, wd, wb, cu, live, err, co, wW, wQ, wKd, wA, wU, wG, wGL, H,
-                      K).launch(grid=(Int32(slots), Int32(H), 1), block=(PREP_THREADS, 1, 1),
-                                stream=stream)
+    chunk_prep_kernel(q, k, v, g, beta, A_log, dt_bias, cu, live, err, co, ck_off, ck_idx, wW,
+                      wQ, wKd, wA, wU, wGL, wCK, wCD, H, CK, scale, lower_bound, K, GATE,
+                      QK_L2NORM, BETA_SIGMOID).launch(
+        grid=(Int32(slots), Int32(H), 1), block=(PREP_THREADS, 1, 1), stream=stream)
 
 
 @cute.jit
 def kda_chunk_pass(
-    out: cute.Tensor, pool: cute.Tensor, wk: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
+    out: cute.Tensor, pool: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
     init_idx: cute.Tensor, final_idx: cute.Tensor, ck_off: cute.Tensor, ck_idx: cute.Tensor,
     err: cute.Tensor, co: cute.Tensor, wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor,
-    wA: cute.Tensor, wU: cute.Tensor, wG: cute.Tensor, wGL: cute.Tensor, H: Int64,
-    token_capacity: Int64, meta_capacity: Int64, stream, K: cutlass.Constexpr,
-    CK: cutlass.Constexpr, WARPS: cutlass.Constexpr,
+    wA: cute.Tensor, wU: cute.Tensor, wGL: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor,
+    H: Int64, token_capacity: Int64, meta_capacity: Int64, stream, K: cutlass.Constexpr,
+    CK: cutlass.Constexpr, WARPS: cutlass.Constexpr, SPLIT: cutlass.Constexpr,
 ):
-    chunk_pass_kernel(out, pool, wk, cu, live, init_idx, final_idx, ck_off, ck_idx, err, co, wW,
-                      wQ, wKd, wA, wU, wG, wGL, H, token_capacity, meta_capacity, K, CK,
-                      WARPS).launch(
+    chunk_pass_kernel(out, pool, cu, live, init_idx, final_idx, ck_off, ck_idx, err, co, wW,
+                      wQ, wKd, wA, wU, wGL, wCK, wCD, H, token_capacity, meta_capacity, K, CK,
+                      WARPS, SPLIT).launch(
         grid=(Int32(meta_capacity), Int32(H), K // (PASS_COLUMNS * WARPS)),
-        block=(32 * WARPS, 1, 1), stream=stream)
+        block=(32 * WARPS * SPLIT, 1, 1), stream=stream)

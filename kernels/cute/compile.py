@@ -35,6 +35,11 @@ def _rows(element, width: int) -> object:
                                     assumed_align=16)
 
 
+def _transform_constants(const: dict) -> list:
+    """K, the gate mode and the two transform flags, as the kernels take them."""
+    return [const["K"], const["GATE"], bool(const["L2"]), bool(const["BSIG"])]
+
+
 def _arguments(variant: Variant) -> tuple[object, list]:
     """(the @cute.jit function, its example arguments) for a variant."""
     const = dict(variant.constants)
@@ -50,9 +55,7 @@ def _arguments(variant: Variant) -> tuple[object, list]:
                    _flat(dt["gp"]), _flat(dt["gp"]), _flat(F32), _flat(F32), _flat(F32),
                    _flat(F32)]
         return source.kda_prepare, [*tensors, i64, i64, cutlass.Float32(0),
-                                    cutlass.Float32(0), stream, const["K"], const["GATE"],
-                                    bool(const["L2"]), bool(const["BSIG"]),
-                                    bool(const["LOG"])]
+                                    cutlass.Float32(0), stream, *_transform_constants(const)]
     if variant.kernel == "state_pass":
         tensors = [_flat(dt["v"]), _flat(dt["out"]), _flat(F32), _flat(F32), _flat(F32),
                    _flat(F32), _flat(F32), _flat(I64), _flat(I32), _flat(I64), _flat(I64),
@@ -63,18 +66,23 @@ def _arguments(variant: Variant) -> tuple[object, list]:
         return chunk_source.kda_chunk_index, [_flat(I64), _flat(I32), _flat(I32), _flat(I64),
                                               stream]
     # the chunk workspaces: W, qg, kd, A_qk (rows of int32 bf16 pairs, one vector access
-    # each), U (rows of 8 fp32), G (flat fp32) and e^G_last (fp32 pairs)
+    # each), U (rows of 8 fp32), e^G_last (fp32 pairs), and each interior checkpoint's key
+    # records (as kd) and e^G_p (as e^G_last)
     chunk_ws = [_rows(I32, 4), _rows(I32, 2), _rows(I32, 4), _rows(I32, 2), _rows(F32, 8),
-                _flat(F32), _rows(F32, 2)]
+                _rows(F32, 2), _rows(I32, 4), _rows(F32, 2)]
+    metadata = [_flat(I64), _flat(I32), _flat(I32), _flat(I64)]  # cu, live, err, chunk index
+    checkpoints = [_flat(I64), _flat(I64)]  # offsets, slots
     if variant.kernel == "chunk_prep":
-        tensors = [_flat(dt["v"]), _flat(F32), _flat(F32), _flat(F32), _flat(F32), _flat(I64),
-                   _flat(I32), _flat(I32), _flat(I64), *chunk_ws]
-        return chunk_source.kda_chunk_prep, [*tensors, i64, i64, stream, const["K"]]
+        inputs = [_flat(dt["qk"]), _flat(dt["qk"]), _flat(dt["v"]), _flat(dt["g"]),
+                  _flat(dt["beta"]), _flat(dt["gp"]), _flat(dt["gp"])]
+        return chunk_source.kda_chunk_prep, [*inputs, *metadata, *checkpoints, *chunk_ws, i64,
+                                             i64, i64, cutlass.Float32(0), cutlass.Float32(0),
+                                             stream, *_transform_constants(const)]
     if variant.kernel == "chunk_pass":
-        tensors = [_flat(dt["out"]), _flat(F32), _flat(F32), _flat(I64), _flat(I32), _flat(I64),
-                   _flat(I64), _flat(I64), _flat(I64), _flat(I32), _flat(I64), *chunk_ws]
+        tensors = [_flat(dt["out"]), _flat(F32), _flat(I64), _flat(I32), _flat(I64),
+                   _flat(I64), *checkpoints, _flat(I32), _flat(I64), *chunk_ws]
         return chunk_source.kda_chunk_pass, [*tensors, i64, i64, i64, stream, const["K"],
-                                             const["CK"], const["W"]]
+                                             const["CK"], const["W"], const["S"]]
     raise ValueError(f"unknown kernel {variant.kernel!r}")
 
 

@@ -1,9 +1,10 @@
 """Launching the cute backend's kernels for a binding, and the workspaces they need.
 
 Metadata is copied into the plan's int64 workspaces first (so one compiled variant serves
-int32 and int64 callers), the error code is zeroed, then validate, prepare and the
-algorithm's kernels (CuteConfig.algorithm: the recurrence's state pass, or the chunk index,
-preparation and pass) run on torch's current stream: no host sync, no allocation, capturable
+int32 and int64 callers), the error code is zeroed, then validate and the algorithm's kernels
+(CuteConfig.algorithm: the recurrence's input transforms and state pass, or the chunk index,
+the chunk preparation with the transforms folded in, and the pass) run on torch's current
+stream: no host sync, no allocation, capturable
 in a CUDA graph.
 """
 
@@ -16,6 +17,7 @@ from .runtime import library_for
 from .variants import (
     ALGORITHMS,
     CHUNK,
+    KEY_SPLITS,
     chunk_index_variant,
     chunk_pass_variant,
     chunk_prep_variant,
@@ -47,10 +49,14 @@ def origin(device: torch.device) -> str:
 
 
 def config_problems(config: CuteConfig) -> list[str]:
-    """Why `config` names no cute algorithm (empty when it does)."""
+    """Why `config` names no cute kernel (empty when it does; every key split divides the
+    K / 16 key steps of both head dims)."""
+    problems = []
     if config.algorithm not in ALGORITHMS:
-        return [f"algorithm {config.algorithm!r} must be one of {ALGORITHMS}"]
-    return []
+        problems.append(f"algorithm {config.algorithm!r} must be one of {ALGORITHMS}")
+    if config.key_split not in KEY_SPLITS:
+        problems.append(f"key_split {config.key_split} must be one of {KEY_SPLITS}")
+    return problems
 
 
 def chunk_slots(tokens: int, seqs: int) -> int:
@@ -60,9 +66,11 @@ def chunk_slots(tokens: int, seqs: int) -> int:
 
 def _chunk_workspaces(caps: Caps, device: torch.device) -> dict[str, torch.Tensor]:
     """Per (chunk, head): W and kd as split bf16 pairs, qg and A_qk as bf16 pairs (int32, in
-    the pass's operand order), U (in the pass's accumulator order) and G [16, K] and
-    e^G_last [K] in fp32; the chunk index."""
+    the pass's operand order), U (in the pass's accumulator order) and e^G_last [K] in fp32;
+    per (sequence, checkpoint, head): an interior checkpoint's key records (as kd) and e^G_p;
+    the chunk index."""
     units = chunk_slots(caps.max_tokens, caps.max_seqs) * caps.num_heads
+    checkpoints = caps.max_seqs * caps.max_checkpoints * caps.num_heads
     k = caps.head_dim
     i32 = {"dtype": torch.int32, "device": device}
     f32 = {"dtype": torch.float32, "device": device}
@@ -72,26 +80,27 @@ def _chunk_workspaces(caps: Caps, device: torch.device) -> dict[str, torch.Tenso
         "chunk_KD": torch.empty(units * CHUNK * k, **i32),
         "chunk_A": torch.empty(units * CHUNK * CHUNK // 2, **i32),
         "chunk_U": torch.empty(units * CHUNK * k, **f32),
-        "chunk_G": torch.empty(units * CHUNK * k, **f32),
         "chunk_GL": torch.empty(units * k, **f32),
+        "checkpoint_K": torch.empty(checkpoints * CHUNK * k, **i32),
+        "checkpoint_G": torch.empty(checkpoints * k, **f32),
         "chunk_index": torch.zeros(caps.max_seqs + 1, dtype=torch.int64, device=device),
     }
 
 
 def allocate_workspaces(caps: Caps, config: CuteConfig,
                         device: torch.device) -> dict[str, torch.Tensor]:
-    """fp32 transformed inputs [T, H, K] (q, k, the decay) and [T, H] (beta), int64 metadata,
-    and the chunk algorithm's workspaces."""
+    """int64 metadata; the recurrence's fp32 transformed inputs [T, H, K] (q, k, the decay)
+    and [T, H] (beta), or the chunk algorithm's workspaces."""
     rows = caps.max_tokens * caps.num_heads
     f32 = {"dtype": torch.float32, "device": device}
     i64 = {"dtype": torch.int64, "device": device}
     metadata = caps.max_seqs * caps.max_checkpoints
-    chunked = _chunk_workspaces(caps, device) if config.algorithm == "chunk" else {}
-    return {**chunked,
-        "wq": torch.empty(rows * caps.head_dim, **f32),
-        "wk": torch.empty(rows * caps.head_dim, **f32),
-        "wd": torch.empty(rows * caps.head_dim, **f32),
-        "wb": torch.empty(rows, **f32),
+    if config.algorithm == "chunk":
+        inputs = _chunk_workspaces(caps, device)
+    else:
+        inputs = {name: torch.empty(rows * caps.head_dim, **f32) for name in ("wq", "wk", "wd")}
+        inputs["wb"] = torch.empty(rows, **f32)
+    return {**inputs,
         "cu": torch.zeros(caps.max_seqs + 1, **i64),
         "init": torch.zeros(caps.max_seqs, **i64),
         "final": torch.zeros(caps.max_seqs, **i64),
@@ -101,20 +110,19 @@ def allocate_workspaces(caps: Caps, config: CuteConfig,
 
 
 def _variants(binding):
-    """validate, prepare, then the algorithm's kernels, in launch order."""
+    """validate, then the algorithm's kernels, in launch order."""
     caps = binding.plan.caps
-    chunked = binding.plan.config.algorithm == "chunk"
-    head = (
-        validate_variant(caps.max_checkpoints),
-        prepare_variant(caps.head_dim, caps.gate, caps.qk_l2norm, caps.beta_sigmoid,
-                        binding.q.dtype, binding.g.dtype, binding.beta.dtype,
-                        binding.A_log.dtype, log_decay=chunked),
-    )
-    if chunked:
-        return (*head, chunk_index_variant(), chunk_prep_variant(caps.head_dim, binding.v.dtype),
-                chunk_pass_variant(caps.head_dim, caps.max_checkpoints, binding.out.dtype))
-    return (*head, state_pass_variant(caps.head_dim, caps.max_checkpoints, binding.v.dtype,
-                                      binding.out.dtype))
+    transforms = (caps.head_dim, caps.gate, caps.qk_l2norm, caps.beta_sigmoid, binding.q.dtype,
+                  binding.g.dtype, binding.beta.dtype, binding.A_log.dtype)
+    validate = validate_variant(caps.max_checkpoints)
+    if binding.plan.config.algorithm == "chunk":
+        return (validate, chunk_index_variant(),
+                chunk_prep_variant(*transforms, binding.v.dtype),
+                chunk_pass_variant(caps.head_dim, caps.max_checkpoints, binding.out.dtype,
+                                   binding.plan.config.key_split))
+    return (validate, prepare_variant(*transforms),
+            state_pass_variant(caps.head_dim, caps.max_checkpoints, binding.v.dtype,
+                               binding.out.dtype))
 
 
 def binding_problems(binding) -> list[str]:
@@ -139,7 +147,7 @@ def binding_problems(binding) -> list[str]:
 
 
 def run(binding) -> None:
-    """Copy the metadata, zero the code, and launch validate, prepare and the state pass."""
+    """Copy the metadata, zero the code, and launch validate and the algorithm's kernels."""
     plan = binding.plan
     caps, ws = plan.caps, plan.workspaces
     library, reasons = library_for(plan.device)
@@ -147,8 +155,8 @@ def run(binding) -> None:
         raise RuntimeError("; ".join(reasons))
     import tvm_ffi
 
-    validate, prepare, *algorithm = (library.function(v) for v in _variants(binding))
-    m, c, H = binding.cu_seqlens.numel() - 1, caps.max_checkpoints, caps.num_heads
+    validate, *algorithm = (library.function(v) for v in _variants(binding))
+    m, c = binding.cu_seqlens.numel() - 1, caps.max_checkpoints
     cu, init, final = ws["cu"][: m + 1], ws["init"][:m], ws["final"][:m]
     ck_off, ck_idx = ws["ck_off"][: m * c], ws["ck_idx"][: m * c]
     cu.copy_(binding.cu_seqlens)
@@ -158,34 +166,52 @@ def run(binding) -> None:
     ck_idx.copy_(binding.checkpoint_state_indices.reshape(-1))
     plan.error_code.zero_()
     metadata = (cu, binding.num_seqs, init, final, ck_off, ck_idx)
+    with tvm_ffi.use_torch_stream():
+        validate(*metadata, plan.error_code, m, binding.q.shape[0], binding.state_pool.shape[0])
+        if plan.config.algorithm == "recurrence":
+            _run_recurrence(binding, algorithm, metadata)
+        else:
+            _run_chunked(binding, algorithm, metadata)
+
+
+def _inputs(binding) -> tuple[torch.Tensor, ...]:
+    """q, k, g, beta, A_log and dt_bias, flat, as the input transforms take them."""
+    return (binding.q.view(-1), binding.k.view(-1), binding.g.view(-1), binding.beta.view(-1),
+            binding.A_log.view(-1), binding.dt_bias.view(-1))
+
+
+def _run_recurrence(binding, kernels, metadata) -> None:
+    """The input transforms into fp32 workspaces, then the token-by-token state pass."""
+    prepare, state_pass = kernels
+    plan = binding.plan
+    ws, H, m = plan.workspaces, plan.caps.num_heads, binding.cu_seqlens.numel() - 1
     tokens = binding.q.shape[0]
     transformed = (ws["wq"], ws["wk"], ws["wd"], ws["wb"])
-    with tvm_ffi.use_torch_stream():
-        validate(*metadata, plan.error_code, m, tokens, binding.state_pool.shape[0])
-        if tokens:
-            prepare(binding.q.view(-1), binding.k.view(-1), binding.g.view(-1),
-                    binding.beta.view(-1), binding.A_log.view(-1), binding.dt_bias.view(-1),
-                    *transformed, tokens * H, H, binding.scale, float(caps.lower_bound))
-        if plan.config.algorithm == "recurrence":
-            algorithm[0](binding.v.view(-1), binding.out.view(-1), binding.state_pool.view(-1),
-                         *transformed, *metadata, plan.error_code, H, binding.out.shape[0], m)
-        else:
-            _run_chunked(binding, algorithm, metadata, tokens)
+    if tokens:
+        prepare(*_inputs(binding), *transformed, tokens * H, H, binding.scale,
+                float(plan.caps.lower_bound))
+    state_pass(binding.v.view(-1), binding.out.view(-1), binding.state_pool.view(-1),
+               *transformed, *metadata, plan.error_code, H, binding.out.shape[0], m)
 
 
-def _run_chunked(binding, kernels, metadata, tokens: int) -> None:
-    """The chunk index, the preparation of every (chunk, head), and the pass."""
+def _run_chunked(binding, kernels, metadata) -> None:
+    """The chunk index, the preparation of every (chunk, head) from the raw inputs, and the
+    pass."""
     index, prep, chunk_pass = kernels
     plan = binding.plan
     ws, H, m = plan.workspaces, plan.caps.num_heads, binding.cu_seqlens.numel() - 1
-    cu, live = metadata[0], metadata[1]
+    tokens = binding.q.shape[0]
+    cu, live, ck_off, ck_idx = metadata[0], metadata[1], metadata[4], metadata[5]
     co = ws["chunk_index"][: m + 1]
     chunk_ws = (ws["chunk_W"].view(-1, 4), ws["chunk_QG"].view(-1, 2),
                 ws["chunk_KD"].view(-1, 4), ws["chunk_A"].view(-1, 2),
-                ws["chunk_U"].view(-1, 8), ws["chunk_G"], ws["chunk_GL"].view(-1, 2))
+                ws["chunk_U"].view(-1, 8), ws["chunk_GL"].view(-1, 2),
+                ws["checkpoint_K"].view(-1, 4), ws["checkpoint_G"].view(-1, 2))
     index(cu, live, plan.error_code, co)
     if tokens:
-        prep(binding.v.view(-1), ws["wq"], ws["wk"], ws["wd"], ws["wb"], cu, live,
-             plan.error_code, co, *chunk_ws, H, chunk_slots(tokens, m))
-    chunk_pass(binding.out.view(-1), binding.state_pool.view(-1), ws["wk"], *metadata,
-               plan.error_code, co, *chunk_ws, H, binding.out.shape[0], m)
+        q, k, g, beta, a_log, dt_bias = _inputs(binding)
+        prep(q, k, binding.v.view(-1), g, beta, a_log, dt_bias, cu, live, plan.error_code, co,
+             ck_off, ck_idx, *chunk_ws, H, plan.caps.max_checkpoints, chunk_slots(tokens, m),
+             binding.scale, float(plan.caps.lower_bound))
+    chunk_pass(binding.out.view(-1), binding.state_pool.view(-1), *metadata, plan.error_code,
+               co, *chunk_ws, H, binding.out.shape[0], m)

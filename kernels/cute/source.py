@@ -5,8 +5,8 @@ Three kernels, launched in this order on one stream by kdabench.kernels.cute.lau
 * validate: one block checks the metadata (the rules of docs/DESIGN.md §2, the same bits as
   the Triton prologue) and ORs the error bits into a zeroed int32 code;
 * prepare: one warp per (token, head) applies the input transforms (gate, q/k L2 norm, beta
-  sigmoid, the output scale folded into q) and writes fp32 q, k, exp(g) (g itself for the
-  chunked algorithm, LOG_DECAY) and beta workspaces;
+  sigmoid, the output scale folded into q; `log_decay` and `beta_of`, which the chunk
+  algorithm's preparation shares) and writes fp32 q, k, exp(g) and beta workspaces;
 * state_pass: one block per (sequence, head, block of V columns) runs the token-by-token
   recurrence with the fp32 state in registers (each column's K rows split over `K // 16`
   neighbouring lanes, reduced with warp shuffles), writes the output, and stores the state
@@ -110,13 +110,39 @@ def validate_kernel(
             cute.arch.atomic_or(err.iterator, bits)
 
 
+@cute.jit
+def log_decay(raw: Float32, rate: Float32, bias: Float32, lower_bound: Float32,
+              GATE: cutlass.Constexpr) -> Float32:
+    """One channel's log decay from its raw gate (GATE: the index of contract.GATE_MODES;
+    rate = exp(A_log[h]), bias = dt_bias[h, channel], both unused when precomputed)."""
+    gate = raw
+    if cutlass.const_expr(GATE == 1):
+        x = rate * (raw + bias)
+        gate = lower_bound / (Float32(1.0) + cute.math.exp(-x))
+    if cutlass.const_expr(GATE == 2):
+        x = raw + bias
+        softplus = cute.math.max(x, Float32(0.0)) + cute.math.log1p(
+            cute.math.exp(-cute.math.abs(x)))
+        gate = cute.math.max(-rate * softplus, lower_bound)
+    return gate
+
+
+@cute.jit
+def beta_of(raw: Float32, BETA_SIGMOID: cutlass.Constexpr) -> Float32:
+    """beta, or sigmoid(beta) when the call asks for it."""
+    b = raw
+    if cutlass.const_expr(BETA_SIGMOID):
+        b = Float32(1.0) / (Float32(1.0) + cute.math.exp(-raw))
+    return b
+
+
 @cute.kernel
 def prepare_kernel(
     q: cute.Tensor, k: cute.Tensor, g: cute.Tensor, beta: cute.Tensor, A_log: cute.Tensor,
     dt_bias: cute.Tensor, wq: cute.Tensor, wk: cute.Tensor, wd: cute.Tensor, wb: cute.Tensor,
     rows: Int64, H: Int64, scale: Float32, lower_bound: Float32,
     K: cutlass.Constexpr, GATE: cutlass.Constexpr, QK_L2NORM: cutlass.Constexpr,
-    BETA_SIGMOID: cutlass.Constexpr, LOG_DECAY: cutlass.Constexpr,
+    BETA_SIGMOID: cutlass.Constexpr,
 ):
     E = K // 32
     tid = cute.arch.thread_idx()[0]
@@ -149,24 +175,13 @@ def prepare_kernel(
         if cutlass.const_expr(GATE != 0):
             rate = cute.math.exp(Float32(A_log[h]))
         for e in cutlass.range_constexpr(E):
-            gate = Float32(g[base + e])
-            if cutlass.const_expr(GATE == 1):
-                x = rate * (gate + Float32(dt_bias[h * K + lane * E + e]))
-                gate = lower_bound / (Float32(1.0) + cute.math.exp(-x))
-            if cutlass.const_expr(GATE == 2):
-                x = gate + Float32(dt_bias[h * K + lane * E + e])
-                softplus = cute.math.max(x, Float32(0.0)) + cute.math.log1p(
-                    cute.math.exp(-cute.math.abs(x)))
-                gate = cute.math.max(-rate * softplus, lower_bound)
-            if cutlass.const_expr(LOG_DECAY):
-                wd[base + e] = gate
-            else:
-                wd[base + e] = cute.math.exp(gate)
+            bias = Float32(0.0)
+            if cutlass.const_expr(GATE != 0):
+                bias = Float32(dt_bias[h * K + lane * E + e])
+            wd[base + e] = cute.math.exp(
+                log_decay(Float32(g[base + e]), rate, bias, lower_bound, GATE))
         if lane == 0:
-            b = Float32(beta[row])
-            if cutlass.const_expr(BETA_SIGMOID):
-                b = Float32(1.0) / (Float32(1.0) + cute.math.exp(-b))
-            wb[row] = b
+            wb[row] = beta_of(Float32(beta[row]), BETA_SIGMOID)
 
 
 @cute.jit
@@ -279,11 +294,11 @@ def kda_prepare(
     dt_bias: cute.Tensor, wq: cute.Tensor, wk: cute.Tensor, wd: cute.Tensor, wb: cute.Tensor,
     rows: Int64, H: Int64, scale: Float32, lower_bound: Float32, stream,
     K: cutlass.Constexpr, GATE: cutlass.Constexpr, QK_L2NORM: cutlass.Constexpr,
-    BETA_SIGMOID: cutlass.Constexpr, LOG_DECAY: cutlass.Constexpr,
+    BETA_SIGMOID: cutlass.Constexpr,
 ):
     blocks = (rows + PREPARE_WARPS - 1) // PREPARE_WARPS
     prepare_kernel(q, k, g, beta, A_log, dt_bias, wq, wk, wd, wb, rows, H, scale, lower_bound,
-                   K, GATE, QK_L2NORM, BETA_SIGMOID, LOG_DECAY).launch(
+                   K, GATE, QK_L2NORM, BETA_SIGMOID).launch(
         grid=(Int32(blocks), 1, 1), block=(32 * PREPARE_WARPS, 1, 1), stream=stream)
 
 

@@ -16,7 +16,8 @@ from ..contract import CAPACITIES, GATE_MODES, HEAD_DIMS
 
 KERNELS = ("validate", "prepare", "state_pass", "chunk_index", "chunk_prep", "chunk_pass")
 ALGORITHMS = ("chunk", "recurrence")  # CuteConfig.algorithm: the kernels after validate
-CHUNK_PASS_WARPS = 1  # warps per block of the chunk pass, each owning 16 V columns
+CHUNK_PASS_WARPS = 1  # blocks of 16 V columns per block of the chunk pass
+KEY_SPLITS = (1, 2, 4)  # CuteConfig.key_split: warps sharing one block of 16 V columns
 CHUNK = 16  # the chunk algorithm's tokens per chunk (kernels/cute/chunk_source.py)
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32",
                torch.int32: "i32", torch.int64: "i64"}
@@ -51,15 +52,23 @@ def validate_variant(capacity: int) -> Variant:
     return Variant("validate", (("CK", capacity),), ())
 
 
+def _transforms(head_dim: int, gate: str, qk_l2norm: bool,
+                beta_sigmoid: bool) -> tuple[tuple[str, int], ...]:
+    return (("K", head_dim), ("GATE", GATE_MODES.index(gate)), ("L2", int(qk_l2norm)),
+            ("BSIG", int(beta_sigmoid)))
+
+
+def _input_dtypes(q: torch.dtype, g: torch.dtype, beta: torch.dtype,
+                  gate_params: torch.dtype) -> tuple[tuple[str, str], ...]:
+    return (("qk", dtype_name(q)), ("g", dtype_name(g)), ("beta", dtype_name(beta)),
+            ("gp", dtype_name(gate_params)))
+
+
 def prepare_variant(head_dim: int, gate: str, qk_l2norm: bool, beta_sigmoid: bool,
                     q: torch.dtype, g: torch.dtype, beta: torch.dtype,
-                    gate_params: torch.dtype, log_decay: bool = False) -> Variant:
-    """log_decay: write the log decay g (the chunk algorithm) instead of exp(g)."""
-    constants = (("K", head_dim), ("GATE", GATE_MODES.index(gate)),
-                 ("L2", int(qk_l2norm)), ("BSIG", int(beta_sigmoid)), ("LOG", int(log_decay)))
-    dtypes = (("qk", dtype_name(q)), ("g", dtype_name(g)), ("beta", dtype_name(beta)),
-              ("gp", dtype_name(gate_params)))
-    return Variant("prepare", constants, dtypes)
+                    gate_params: torch.dtype) -> Variant:
+    return Variant("prepare", _transforms(head_dim, gate, qk_l2norm, beta_sigmoid),
+                   _input_dtypes(q, g, beta, gate_params))
 
 
 def state_pass_variant(head_dim: int, capacity: int, v: torch.dtype,
@@ -72,27 +81,33 @@ def chunk_index_variant() -> Variant:
     return Variant("chunk_index", (), ())
 
 
-def chunk_prep_variant(head_dim: int, v: torch.dtype) -> Variant:
-    return Variant("chunk_prep", (("K", head_dim),), (("v", dtype_name(v)),))
+def chunk_prep_variant(head_dim: int, gate: str, qk_l2norm: bool, beta_sigmoid: bool,
+                       q: torch.dtype, g: torch.dtype, beta: torch.dtype,
+                       gate_params: torch.dtype, v: torch.dtype) -> Variant:
+    """The chunk preparation applies the input transforms itself (no prepare kernel)."""
+    return Variant("chunk_prep", _transforms(head_dim, gate, qk_l2norm, beta_sigmoid),
+                   (*_input_dtypes(q, g, beta, gate_params), ("v", dtype_name(v))))
 
 
-def chunk_pass_variant(head_dim: int, capacity: int, out: torch.dtype) -> Variant:
-    return Variant("chunk_pass", (("K", head_dim), ("CK", capacity), ("W", CHUNK_PASS_WARPS)),
-                   (("out", dtype_name(out)),))
+def chunk_pass_variant(head_dim: int, capacity: int, out: torch.dtype,
+                       key_split: int) -> Variant:
+    return Variant("chunk_pass", (("K", head_dim), ("CK", capacity), ("W", CHUNK_PASS_WARPS),
+                                  ("S", key_split)), (("out", dtype_name(out)),))
 
 
 def aot_variants() -> list[Variant]:
-    """Every variant `kdabench build-kernels` compiles (66 per architecture)."""
+    """Every variant `kdabench build-kernels` compiles (76 per architecture)."""
     variants = [validate_variant(c) for c in CAPACITIES] + [chunk_index_variant()]
     for k in HEAD_DIMS:
         for gate in GATE_MODES:
             for l2 in (False, True):
                 for bsig in (False, True):
-                    for log in (False, True):
-                        variants.append(prepare_variant(k, gate, l2, bsig, AOT_ACTIVATION,
-                                                        AOT_GATE, AOT_GATE, AOT_GATE, log))
-        variants.append(chunk_prep_variant(k, AOT_ACTIVATION))
+                    variants.append(prepare_variant(k, gate, l2, bsig, AOT_ACTIVATION, AOT_GATE,
+                                                    AOT_GATE, AOT_GATE))
+                    variants.append(chunk_prep_variant(k, gate, l2, bsig, AOT_ACTIVATION,
+                                                       AOT_GATE, AOT_GATE, AOT_GATE,
+                                                       AOT_ACTIVATION))
         for c in CAPACITIES:
             variants.append(state_pass_variant(k, c, AOT_ACTIVATION, AOT_ACTIVATION))
-            variants.append(chunk_pass_variant(k, c, AOT_ACTIVATION))
+            variants += [chunk_pass_variant(k, c, AOT_ACTIVATION, s) for s in KEY_SPLITS]
     return variants

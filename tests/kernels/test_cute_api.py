@@ -45,6 +45,14 @@ def test_an_unknown_cute_algorithm_is_named():
     assert "algorithm 'wgmma' must be one of ('chunk', 'recurrence')" in problem
 
 
+def test_an_unknown_key_split_is_named():
+    from kdabench.kernels.cute.launch import config_problems
+
+    assert [config_problems(CuteConfig(key_split=s)) for s in (1, 2, 4)] == [[], [], []]
+    (problem,) = config_problems(CuteConfig(key_split=3))
+    assert "key_split 3 must be one of (1, 2, 4)" in problem
+
+
 @pytest.mark.parametrize("lengths", [[1], [16], [17], [15, 1, 0, 33], [16] * 9, [0, 0, 1]])
 def test_chunk_workspaces_hold_every_chunk_of_any_batch(lengths):
     """chunk_slots bounds sum(ceil(len / 16)) for the batch's token and sequence counts; the
@@ -59,5 +67,9 @@ def test_chunk_workspaces_hold_every_chunk_of_any_batch(lengths):
     units = chunk_slots(caps.max_tokens, caps.max_seqs) * 3
     assert ws["chunk_U"].numel() == ws["chunk_W"].numel() == units * CHUNK * 64
     assert ws["chunk_index"].numel() == len(lengths) + 1
-    assert "chunk_W" not in allocate_workspaces(caps, CuteConfig(algorithm="recurrence"),
-                                                torch.device("cpu"))
+    # each interior checkpoint's key records: one [16, K] unit per (sequence, checkpoint, head)
+    assert ws["checkpoint_K"].numel() == len(lengths) * caps.max_checkpoints * 3 * CHUNK * 64
+    assert "wq" not in ws  # the chunk preparation reads the raw inputs
+    recurrence = allocate_workspaces(caps, CuteConfig(algorithm="recurrence"),
+                                     torch.device("cpu"))
+    assert "chunk_W" not in recurrence and "wq" in recurrence

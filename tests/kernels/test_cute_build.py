@@ -23,18 +23,19 @@ from kdabench.kernels.cute.variants import aot_variants, prepare_variant, state_
 ARCHS = ("sm_90a", "sm_121a")
 
 
-def test_aot_variants_are_66_distinct_names():
+def test_aot_variants_are_76_distinct_names():
     names = [variant.name for variant in aot_variants()]
-    assert len(names) == len(set(names)) == 66
+    assert len(names) == len(set(names)) == 76
     assert "kda_state_pass_K128_CK4_v_bf16_out_bf16" in names
-    assert "kda_chunk_pass_K128_CK4_W1_out_bf16" in names
-    assert "kda_prepare_K64_GATE1_L21_BSIG1_LOG1_qk_bf16_g_f32_beta_f32_gp_f32" in names
+    assert "kda_chunk_pass_K128_CK4_W1_S4_out_bf16" in names
+    assert "kda_prepare_K64_GATE1_L21_BSIG1_qk_bf16_g_f32_beta_f32_gp_f32" in names
+    assert "kda_chunk_prep_K64_GATE1_L21_BSIG1_qk_bf16_g_f32_beta_f32_gp_f32_v_bf16" in names
 
 
 def test_variant_names_carry_constants_and_dtypes():
     variant = prepare_variant(64, "softplus", True, False, torch.bfloat16, torch.float32,
                               torch.float16, torch.float32)
-    assert variant.name == "kda_prepare_K64_GATE2_L21_BSIG0_LOG0_qk_bf16_g_f32_beta_f16_gp_f32"
+    assert variant.name == "kda_prepare_K64_GATE2_L21_BSIG0_qk_bf16_g_f32_beta_f16_gp_f32"
     with pytest.raises(ValueError, match="no variant for dtype"):
         state_pass_variant(128, 4, torch.float64, torch.bfloat16)
 

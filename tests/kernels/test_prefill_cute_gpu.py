@@ -1,8 +1,8 @@
 """The cute backend on a GPU: the contract of docs/DESIGN.md §2, as the Triton tests.
 
 Runs the CuTe kernels from an ahead-of-time build ($KDABENCH_CUTE_KERNELS) or compiled just in
-time; skips without a GPU or when neither is available. For both algorithms (CuteConfig: the
-tensor-core chunks and the token recurrence): outputs, final states and up to four exported
+time; skips without a GPU or when neither is available. For every config (CuteConfig: the
+tensor-core chunks with each key split, and the token recurrence): outputs, final states and up to four exported
 states against the float64 recurrence (all gate modes and transforms, K 64 and 128, int32 and
 int64 indices), a fault leaving the pool bit for bit unchanged, one CUDA graph replayed with
 new metadata, and agreement with the Triton backend on the same inputs.
@@ -20,7 +20,7 @@ import torch
 from kdabench.inputs import make_inputs
 from kdabench.kernels import Caps, MetadataFault, bind, ineligibility, kda_prefill, plan, run
 from kdabench.kernels.config import CuteConfig
-from kdabench.kernels.cute.variants import ALGORITHMS
+from kdabench.kernels.cute.variants import KEY_SPLITS
 from kdabench.oracles import recurrent_kda, relative_error
 
 pytestmark = pytest.mark.gpu
@@ -31,6 +31,8 @@ STATE_TOL = 3e-3
 CHUNK_STATE_TOL = 2e-5
 DEVICE = "cuda"
 SENTINEL = 0.25
+CONFIGS = {"recurrence": CuteConfig(algorithm="recurrence"),
+           **{f"chunk-s{s}": CuteConfig(algorithm="chunk", key_split=s) for s in KEY_SPLITS}}
 
 # lengths, heads, head_dim, gate, qk_l2norm + beta_sigmoid, capacity, index dtype
 CASES = {
@@ -88,16 +90,16 @@ def prepared(case_id: str):
     return x, tensors, offsets, slots, pool
 
 
-def cute_prefill(x, tensors: dict, pool: torch.Tensor, algorithm: str):
-    """One call of the cute backend with `algorithm` on inputs x (plan, bind, run)."""
+def cute_prefill(x, tensors: dict, pool: torch.Tensor, config: CuteConfig):
+    """One call of the cute backend with `config` on inputs x (plan, bind, run)."""
     capacity = 1 if tensors["checkpoint_offsets"].dim() == 1 \
         else tensors["checkpoint_offsets"].shape[1]
     caps = Caps(device=DEVICE, num_heads=x.q.shape[1], head_dim=x.q.shape[2],
                 max_tokens=x.q.shape[0], max_seqs=len(x.lengths), max_state_slots=pool.shape[0],
                 max_checkpoints=capacity, gate=x.gate, lower_bound=x.lower_bound,
                 qk_l2norm=x.qk_l2norm, beta_sigmoid=x.beta_sigmoid, backend="cute")
-    binding = bind(plan(caps, config=CuteConfig(algorithm=algorithm)), x.q, x.k, x.v, x.g,
-                   x.beta, state_pool=pool, **tensors, A_log=x.A_log, dt_bias=x.dt_bias)
+    binding = bind(plan(caps, config=config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                   **tensors, A_log=x.A_log, dt_bias=x.dt_bias)
     return run(binding)
 
 
@@ -105,16 +107,16 @@ def test_the_default_is_the_chunk_algorithm():
     assert CuteConfig().algorithm == "chunk"
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("case_id", list(CASES))
-def test_against_float64(case_id, algorithm):
+def test_against_float64(case_id, config):
     x, tensors, offsets, slots, pool = prepared(case_id)
     lengths = x.lengths
     active = [[o for o, s in zip(row, srow, strict=True) if s >= 0]
               for row, srow in zip(offsets, slots, strict=True)]
-    result = cute_prefill(x, tensors, pool, algorithm)
+    result = cute_prefill(x, tensors, pool, CONFIGS[config])
     assert int(result.error_code) == 0, result.message()
-    state_tol = CHUNK_STATE_TOL if algorithm == "chunk" else STATE_TOL
+    state_tol = CHUNK_STATE_TOL if CONFIGS[config].algorithm == "chunk" else STATE_TOL
     ref = recurrent_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens.tolist(),
                         initial_state=x.initial_state, prefix_lengths=active, device=DEVICE,
                         **x.gate_kwargs())
@@ -127,24 +129,24 @@ def test_against_float64(case_id, algorithm):
             assert relative_error(ref.prefix_states[m][c], pool[slot]) <= state_tol
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_fault_leaves_pool_untouched(algorithm):
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_fault_leaves_pool_untouched(config):
     x, tensors, _, _, pool = prepared("K128-H8-ragged-precomputed-C4")
     tensors["final_state_indices"][1] = tensors["final_state_indices"][0]  # one slot twice
     before = pool.clone()
-    result = cute_prefill(x, tensors, pool, algorithm)
+    result = cute_prefill(x, tensors, pool, CONFIGS[config])
     assert int(result.error_code) & int(MetadataFault.DUPLICATE_WRITE_SLOT)
     assert torch.equal(pool, before)
     assert torch.isnan(result.o).all()
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_cuda_graph_replays_with_new_metadata(algorithm):
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_cuda_graph_replays_with_new_metadata(config):
     x, tensors, _, _, pool = prepared("K128-H8-ragged-precomputed-C4")
     caps = Caps(device=DEVICE, num_heads=8, head_dim=128, max_tokens=x.q.shape[0],
                 max_seqs=4, max_state_slots=pool.shape[0], max_checkpoints=4, backend="cute")
-    binding = bind(plan(caps, config=CuteConfig(algorithm=algorithm)), x.q, x.k, x.v, x.g,
-                   x.beta, state_pool=pool, **tensors)
+    binding = bind(plan(caps, config=CONFIGS[config]), x.q, x.k, x.v, x.g, x.beta,
+                   state_pool=pool, **tensors)
     start = pool.clone()
     run(binding)
     torch.cuda.synchronize()
