@@ -1,30 +1,33 @@
 """The cute backend's chunked algorithm on tensor cores (`CuteConfig.algorithm == "chunk"`).
 
-After validate and prepare (kernels/cute/source.py; prepare writes the log decay g here, not
-exp(g)), three kernels on one stream:
+After validate (kernels/cute/source.py), three kernels on one stream:
 
 * chunk_index: one warp writes each sequence's first 16-token chunk (the exclusive prefix sum
   of ceil(len / 16)) and the batch's chunk count, from metadata validate accepted;
-* chunk_prep: one block of 128 threads per (chunk, head), all chunks at once. In fp32 on CUDA
-  cores: the in-chunk cumulative decay G (and the reverse sums for the update), A_kk and A_qk
-  (relative to the chunk's eighth token, so no factor overflows), T = (I + A_kk)^-1 by forward
-  substitution, W = T beta k e^G, U = T beta v, qg = q e^G, kd = k e^(G_last - G). It stores W
-  and kd split into high and low bf16 halves, qg and A_qk in bf16, each already in the register
-  order of the pass's MMA operands (kernels/cute/ptx.py), U (in the order of the pass's
-  accumulators), G and e^G_last in fp32;
-* chunk_pass: one warp per (sequence, head, 16 V columns) walks the sequence's chunks with the
-  transposed state S^T [16, K] in fp32 MMA accumulators:
+* chunk_prep: one block of 128 threads per (chunk, head), all chunks at once, straight from
+  the caller's q, k, v, g and beta: the input transforms (`log_decay`, the L2 norms, `beta_of`,
+  the scale), then in fp32 on CUDA cores the in-chunk cumulative decay G (and the reverse sums
+  for the update), A_kk and A_qk (relative to the chunk's eighth token, so no factor
+  overflows), T = (I + A_kk)^-1 by forward substitution, W = T beta k e^G, U = T beta v,
+  qg = q e^G, kd = k e^(G_last - G). It stores W and kd split into high and low bf16 halves,
+  qg and A_qk in bf16, each already in the register order of the pass's MMA operands
+  (kernels/cute/ptx.py), U (in the order of the pass's accumulators) and e^G_last in fp32; and
+  for each checkpoint strictly inside the chunk, at in-chunk position p, k e^(G_p - G) over
+  the first p tokens (as kd) and e^G_p;
+* chunk_pass: `key_split` warps per (sequence, head, 16 V columns) walk the sequence's chunks,
+  each holding K / key_split keys of the transposed state S^T [16, K] in fp32 MMA
+  accumulators:
 
       X = S^T W^T,  Vnew^T = U^T - X,  o^T = S^T qg^T + Vnew^T A_qk^T,
       S^T <- S^T diag(e^G_last) + Vnew^T kd
 
-  The two products on the state path (X and the update) run split in three (high x high +
-  high x low + low x high) on bf16 tensor cores, near fp32 (kernels/NOTES.md, "Precision of a
-  tensor-core chunk step"); the output's products run in plain bf16. A checkpoint at in-chunk
-  position p is S_0 decayed to token p plus the update truncated to the chunk's first p
-  tokens, from k and G, written from the registers; one at a chunk's end is the updated state.
-  On a non-zero error code the pass only fills its share of the output with NaN and never
-  touches the pool.
+  the warps' partial X and o summed through shared memory every chunk. The two products on
+  the state path (X and the update) run split in three (high x high + high x low + low x
+  high) on bf16 tensor cores, near fp32 (kernels/NOTES.md, "Precision of a tensor-core chunk
+  step"); the output's products run in plain bf16. A checkpoint strictly inside a chunk is
+  the update with the prep's checkpoint operands, written from the registers; one at a
+  chunk's end is the updated state. On a non-zero error code the pass only fills its share of
+  the output with NaN and never touches the pool.
 
 Every address is computed in Int64, as in source.py.
 """
