@@ -168,8 +168,9 @@ class FakeBackend:
         scale = shape.tokens * shape.heads / 1024
 
         def calls(kernel):
-            eager = [lambda k=kernel: FAKE_MS["eager", k] * scale] * 3
-            graph = [lambda k=kernel: FAKE_MS["graph", k] * scale] * 3
+            timed_as = CUTE if kernel.startswith(CUTE) else kernel  # kdabench-cute-s<N> too
+            eager = [lambda k=timed_as: FAKE_MS["eager", k] * scale] * 3
+            graph = [lambda k=timed_as: FAKE_MS["graph", k] * scale] * 3
             if kernel == FLA and not self.fla_graph:
                 return KernelCalls(eager=eager, graph=None, graph_note="capture failed: sync")
             if "graph" not in modes:
@@ -1253,9 +1254,26 @@ def test_a_backend_whose_output_differs_fails_the_case(tmp_path, tiny):
     assert f"{CUTE} output differs from kdabench's by 0.2" in result.cases[0]["message"]
 
 
+def test_a_cute_key_split_is_a_backend_of_its_own(tmp_path, tiny):
+    """--backends cute-s<N>: the cute backend with its key split pinned, a column of its own."""
+    from kdabench.bench.backend import backend_and_config
+    from kdabench.kernels.config import CuteConfig
+
+    assert backend_and_config("cute-s2") == ("cute", CuteConfig(key_split=2))
+    assert backend_and_config("cute") == ("cute", None)
+    assert backend_and_config("triton") == ("triton", None)
+    backend = FakeBackend()
+    result = run_fake(tmp_path, tiny, backend=backend, backends=["triton", "cute-s1", "cute-s4"])
+    assert result.ok and backend.backends == [["triton", "cute-s1", "cute-s4"]] * 2
+    config = load_receipt(result.receipt_path)["config"]
+    assert config["backend_kernels"] == {"triton": KDABENCH, "cute-s1": "kdabench-cute-s1",
+                                         "cute-s4": "kdabench-cute-s4"}
+
+
 @pytest.mark.parametrize("backends, fragment", [
     (["triton", "metal"], "'metal'"), (["Cute"], "'Cute'"), ([], "got nothing"),
-], ids=["unknown", "case", "none"])
+    (["cute-s3"], "'cute-s3'"),
+], ids=["unknown", "case", "none", "split"])
 def test_an_unknown_backend_is_refused(tiny, backends, fragment):
     with pytest.raises(BenchError, match="--backends takes a comma-separated list of auto, triton, "
                        "cute") as caught:

@@ -56,6 +56,7 @@ from kdabench.bench.backend import (
     KernelCalls,
     Outputs,
     Prepared,
+    backend_and_config,
     backend_kernel,
     import_failure,
 )
@@ -136,7 +137,8 @@ def kdabench_runs(kernels: Any, sets: Sequence[KdaInputs], shape: BenchShape, ca
     """A plan for ``capacity`` on kernel ``backend`` and a binding per input set (module
     docstring).
 
-    config: an explicit KernelConfig (tuning); else the plan resolves one under policy_mode.
+    config: an explicit KernelConfig (tuning) or CuteConfig (a pinned key split, "cute-s<N>");
+    else the plan resolves one under policy_mode.
     """
     first = sets[0]
     heads, dim, n = shape.heads, first.q.shape[2], shape.seqs
@@ -273,6 +275,7 @@ class CudaBackend:
     def backend_unavailable(self, backend: str, shapes: ShapeSet) -> str | None:
         from kdabench import kernels as kda
 
+        backend, _ = backend_and_config(backend)
         caps = kda.Caps(device=torch.device("cuda", torch.cuda.current_device()), num_heads=1,
                         head_dim=shapes.head_dim, max_tokens=1, max_seqs=1,
                         max_state_slots=2 + CHECKPOINTS, max_checkpoints=CHECKPOINTS,
@@ -319,11 +322,12 @@ class CudaBackend:
         specs = [(KDABENCH, CHECKPOINTS, policy_mode, first), (KDABENCH_C1, 1, policy_mode, first),
                  (KDABENCH_BASELINE, CHECKPOINTS, baseline_policy, first)]
         specs += [(backend_kernel(b), CHECKPOINTS, policy_mode, b) for b in others]
-        for name, capacity, mode, backend in specs:
+        for name, capacity, mode, backend_name in specs:
             if name not in kernels:
                 continue
-            plan, runs = kdabench_runs(kda, sets, shape, capacity, device, policy_mode=mode,
-                                       backend=backend)
+            backend, config = backend_and_config(backend_name)
+            plan, runs = kdabench_runs(kda, sets, shape, capacity, device, config=config,
+                                       policy_mode=mode, backend=backend)
             plans[name] = plan
             resolved[name] = plan_record(plan)
             kda_runs[name] = runs

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kdabench.bench.backend import MODES, PEERS
+from kdabench.bench.backend import CUTE_SPLIT_PREFIX, MODES, PEERS
 from kdabench.bench.shapes import BenchShape, ShapeSet
 from kdabench.matrix import MatrixError, check_shard
 
@@ -98,11 +98,14 @@ def kernel_backends(names: Sequence[str]) -> list[str]:
     """The kernel backends to time, first one first, each once; an unknown name refused.
 
     "auto" is what `kda_prefill` does with default options: per shape, the backend the
-    device's profile measured fastest (the case records which one ran)."""
+    device's profile measured fastest (the case records which one ran). "cute-s<N>" is the
+    cute backend with its chunk pass's key split pinned to N (CuteConfig.key_split)."""
     from kdabench.kernels.config import AUTO_BACKEND, BACKENDS
+    from kdabench.kernels.cute.variants import KEY_SPLITS
 
     names = list(dict.fromkeys(names))
-    known = (AUTO_BACKEND, *BACKENDS)
+    splits = tuple(f"{CUTE_SPLIT_PREFIX}{split}" for split in KEY_SPLITS)
+    known = (AUTO_BACKEND, *BACKENDS, *splits)
     bad = [name for name in names if name not in known]
     if bad or not names:
         raise BenchError(f"--backends takes a comma-separated list of {', '.join(known)} "
