@@ -69,9 +69,9 @@ QUICK = {"shapes": "quick", "modes": "graph", "reps": 20}  # what --quick sets, 
               "adds a column kdabench-<backend> (capacity 4) on the same inputs, with fla/it, "
               "first/it and its output against the first's. auto: per shape, the backend the "
               "device's profile measured fastest, as kda_prefill with default options runs "
-              "(the 'runs on' column names it). cute-s1, cute-s2, cute-s4: the cute backend "
-              "with its chunk pass's key split pinned (CuteConfig.key_split), to compare them "
-              "in one run.")
+              "(the 'runs on' column names it). cute-s<N> (cute-s1, cute-s2, ...): the cute "
+              "backend with its chunk pass's key split pinned to N (CuteConfig.key_split), to "
+              "compare the splits in one run.")
 @click.option("--reps", type=int, default=None,
               help="Timed samples per kernel, mode and case (the median is reported; every "
               "sample is kept in the receipt). Default: 100 (20 with --quick).")
