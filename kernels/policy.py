@@ -108,7 +108,7 @@ class Resolution:
 
 
 def cute_origin(caps: Caps) -> str:
-    """The cute backend has one config; its source says where its compiled kernels come from."""
+    """Where the cute backend's compiled kernels come from, for a config source."""
     device = torch.device(caps.device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return "cute backend (no CUDA device)"
@@ -141,7 +141,8 @@ def resolve_config(caps: Caps, *, activation_dtype: torch.dtype | str = torch.bf
     if entry is not None:
         source = f"profile {profile.name} ({query.describe()})"
         if caps.backend == AUTO_BACKEND and entry.backend == "cute":
-            return Resolution(CuteConfig(), f"{source}: the cute backend measured fastest; "
+            return Resolution(entry.cute_config or CuteConfig(),
+                              f"{source}: the cute backend measured fastest; "
                               f"{cute_origin(caps)}", mode, query, profile.name, "cute")
         return Resolution(entry.config, source, mode, query, profile.name)
     if profile is None:

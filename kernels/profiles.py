@@ -16,7 +16,10 @@ installed as kdabench/profiles/).
 
 An entry's config is the fastest Triton config for its query; its optional "backend" names
 the backend `kdabench tune` measured fastest for the query ("triton" when absent, as in
-profiles made before backends were timed), the one a plan with `Caps.backend = "auto"` runs.
+profiles made before backends were timed), the one a plan with `Caps.backend = "auto"` runs;
+where that is "cute", its optional "cute_config" holds the CuteConfig that measured fastest
+(its fields but "backend", e.g. {"algorithm": "chunk", "key_split": 2, ...}; when absent,
+as in profiles made before key splits were timed, the default CuteConfig()).
 
 Loading checks all of it; a profile whose format, schema versions or field names differ from
 the catalog's (kernels/catalog.py), whose device is not the one its file name says, or whose
@@ -25,6 +28,7 @@ entries do not parse is refused with KdaPolicyError, one message naming the file
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -45,7 +49,7 @@ from .catalog import (
     config_problems,
     config_to_dict,
 )
-from .config import BACKENDS, KernelConfig
+from .config import BACKENDS, CuteConfig, KernelConfig
 
 PROFILE_FORMAT = "kdabench.profile.v1"
 PROFILE_DIR_ENV = "KDABENCH_PROFILE_DIR"
@@ -90,6 +94,7 @@ class ProfileEntry:
     config: KernelConfig  # the fastest Triton config
     measurements: dict[str, Any] = field(default_factory=dict, compare=False)
     backend: str = BACKENDS[0]  # the fastest backend for the query
+    cute_config: CuteConfig | None = None  # the fastest cute config, where backend is "cute"
 
 
 @dataclass(frozen=True)
@@ -112,11 +117,43 @@ class Profile:
 
 
 def entry_document(query: KdaQuery, config: KernelConfig,
-                   measurements: dict[str, Any] | None = None,
-                   backend: str = BACKENDS[0]) -> dict[str, Any]:
+                   measurements: dict[str, Any] | None = None, backend: str = BACKENDS[0],
+                   cute_config: CuteConfig | None = None) -> dict[str, Any]:
     """One entry as a profile stores it."""
-    return {"query": query.to_dict(), "config": config_to_dict(config), "backend": backend,
-            "measurements": dict(measurements or {})}
+    document = {"query": query.to_dict(), "config": config_to_dict(config), "backend": backend,
+                "measurements": dict(measurements or {})}
+    if cute_config is not None:
+        document["cute_config"] = cute_config_to_dict(cute_config)
+    return document
+
+
+def cute_config_to_dict(config: CuteConfig) -> dict[str, Any]:
+    """A CuteConfig's fields but the backend, as a profile entry stores them."""
+    return {name: value for name, value in dataclasses.asdict(config).items()
+            if name != "backend"}
+
+
+def _cute_config(raw: Any, where: str, head_dim: int) -> CuteConfig:
+    """An entry's "cute_config": some of CuteConfig's fields (but "backend"), of their types,
+    naming a cute kernel for the head dim."""
+    from .cute.launch import config_problems as cute_config_problems
+
+    defaults = cute_config_to_dict(CuteConfig())
+    if not isinstance(raw, dict):
+        raise KdaPolicyError(f"{where}: 'cute_config' must be an object")
+    unknown = sorted(set(raw) - set(defaults))
+    if unknown:
+        raise KdaPolicyError(f"{where}: cute_config fields {unknown} are not CuteConfig's "
+                             f"({', '.join(sorted(defaults))})")
+    for name, value in raw.items():
+        if type(value) is not type(defaults[name]):
+            raise KdaPolicyError(f"{where}: cute_config field {name} must be "
+                                 f"{type(defaults[name]).__name__}, found {value!r}")
+    config = CuteConfig(**raw)
+    problems = cute_config_problems(config, head_dim)
+    if problems:
+        raise KdaPolicyError(f"{where}: cute_config is not valid: " + "; ".join(problems))
+    return config
 
 
 def profile_document(device_name: str, entries: list[dict[str, Any]], *,
@@ -273,4 +310,6 @@ def _entry(item: Any, where: str, added: dict[str, Any]) -> ProfileEntry:
     backend = item.get("backend", BACKENDS[0])
     if backend not in BACKENDS:
         raise KdaPolicyError(f"{where}: backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    return ProfileEntry(query, config, measurements, backend)
+    cute = item.get("cute_config")
+    cute_config = None if cute is None else _cute_config(cute, where, query.head_dim)
+    return ProfileEntry(query, config, measurements, backend, cute_config)

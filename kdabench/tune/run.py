@@ -195,9 +195,10 @@ class Tune:
                 break
             rejected.append({"config": rows[index]["config"], **oracle})
         heuristic_ms = rows[0]["median_ms"]
-        backend, compared = BACKEND_TRITON, []
+        backend, backend_config, compared = BACKEND_TRITON, None, []
         if winner is not None:
-            backend, compared = self._fastest_backend(query, rows[winner], others, other_rows)
+            backend, backend_config, compared = self._fastest_backend(query, rows[winner],
+                                                                      others, other_rows)
         measurements = {
             "id": query.id,
             "shape": {"tokens": query.shape.tokens, "heads": query.shape.heads,
@@ -239,18 +240,25 @@ class Tune:
             record["verdict"], record["message"] = "pass", None
             entry = {"query": record["query"], "config": rows[winner]["config"],
                      "backend": backend, "measurements": measurements}
+            if backend_config is not None:
+                from kdabench.kernels.profiles import cute_config_to_dict
+
+                entry["cute_config"] = cute_config_to_dict(backend_config)
         record["wall_s"] = round(time.perf_counter() - started, 3)
         return record, entry
 
     def _other_backend_configs(self, query: TuneQuery) -> list[Any]:
-        """One config per other backend that can run `query` here; the others are noted."""
+        """The configs of each other backend that can run `query` here (the cute backend: its
+        chunk algorithm at every key split the head dim takes); the others are noted."""
         from kdabench.kernels.config import CuteConfig
+        from kdabench.kernels.cute.variants import KEY_SPLITS, key_split_divides
 
         found = []
         for backend in self.backends[1:]:
             reason = self.runner.backend_unavailable(backend, query)
             if reason is None:
-                found.append(CuteConfig())
+                found += [CuteConfig(key_split=split) for split in KEY_SPLITS
+                          if key_split_divides(split, query.head_dim)]
             elif backend not in self.skipped:
                 self.skipped[backend] = reason
                 self.notes.append(f"the {backend} backend was not timed for {query.id}: "
@@ -258,11 +266,13 @@ class Tune:
         return found
 
     def _fastest_backend(self, query: TuneQuery, triton: dict[str, Any], configs: list[Any],
-                         rows: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
-        """The backend an "auto" plan of `query` runs: another backend only where it is at
-        least min_gain faster than the Triton winner `triton` and passes the float64 check.
-        Returns it and a record per other backend timed."""
-        chosen, best_ms, compared = BACKEND_TRITON, triton["median_ms"], []
+                         rows: list[dict[str, Any]]
+                         ) -> tuple[str, Any, list[dict[str, Any]]]:
+        """The backend an "auto" plan of `query` runs and its config there: another backend's
+        fastest config only where it is at least min_gain faster than the Triton winner
+        `triton` and passes the float64 check. Returns them (the config None for Triton) and
+        a record per other config timed."""
+        chosen, chosen_config, best_ms, compared = BACKEND_TRITON, None, triton["median_ms"], []
         for config, row in zip(configs, rows, strict=True):
             ms = row["median_ms"]
             record = {**row, "backend": backend_of(config), "oracle": None,
@@ -271,9 +281,9 @@ class Tune:
                     ms <= triton["median_ms"] * (1 - self.timing["min_gain"]):
                 record["oracle"] = self._check(query, config)
                 if record["oracle"]["ok"]:
-                    chosen, best_ms = record["backend"], ms
+                    chosen, chosen_config, best_ms = record["backend"], config, ms
             compared.append(record)
-        return chosen, compared
+        return chosen, chosen_config, compared
 
     def _ranked(self, rows: list[dict[str, Any]]) -> list[int]:
         """Indices of the timed rows, fastest first; the heuristic (row 0) goes first when the

@@ -21,6 +21,7 @@ from .variants import (
     chunk_index_variant,
     chunk_pass_variant,
     chunk_prep_variant,
+    key_split_divides,
     prepare_variant,
     state_pass_variant,
     validate_variant,
@@ -48,14 +49,16 @@ def origin(device: torch.device) -> str:
     return library.origin if library is not None else "unavailable: " + "; ".join(reasons)
 
 
-def config_problems(config: CuteConfig) -> list[str]:
-    """Why `config` names no cute kernel (empty when it does; every key split divides the
-    K / 16 key steps of both head dims)."""
+def config_problems(config: CuteConfig, head_dim: int) -> list[str]:
+    """Why `config` names no cute kernel for this head dim (empty when it does)."""
     problems = []
     if config.algorithm not in ALGORITHMS:
         problems.append(f"algorithm {config.algorithm!r} must be one of {ALGORITHMS}")
     if config.key_split not in KEY_SPLITS:
         problems.append(f"key_split {config.key_split} must be one of {KEY_SPLITS}")
+    elif not key_split_divides(config.key_split, head_dim):
+        problems.append(f"key_split {config.key_split} does not divide the {head_dim // 16} "
+                        f"key steps of 16 at head_dim {head_dim}")
     return problems
 
 

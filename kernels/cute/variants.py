@@ -89,6 +89,11 @@ def chunk_prep_variant(head_dim: int, gate: str, qk_l2norm: bool, beta_sigmoid: 
                    (*_input_dtypes(q, g, beta, gate_params), ("v", dtype_name(v))))
 
 
+def key_split_divides(key_split: int, head_dim: int) -> bool:
+    """Whether key_split warps can share the head dim's K / 16 key steps evenly."""
+    return (head_dim // 16) % key_split == 0
+
+
 def chunk_pass_variant(head_dim: int, capacity: int, out: torch.dtype,
                        key_split: int) -> Variant:
     return Variant("chunk_pass", (("K", head_dim), ("CK", capacity), ("W", CHUNK_PASS_WARPS),

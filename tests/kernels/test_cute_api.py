@@ -39,18 +39,20 @@ def test_policy_resolves_the_fixed_cute_config_whatever_the_mode():
 def test_an_unknown_cute_algorithm_is_named():
     from kdabench.kernels.cute.launch import config_problems
 
-    assert config_problems(CuteConfig()) == []
-    assert config_problems(CuteConfig(algorithm="recurrence")) == []
-    (problem,) = config_problems(CuteConfig(algorithm="wgmma"))
+    assert config_problems(CuteConfig(), 128) == []
+    assert config_problems(CuteConfig(algorithm="recurrence"), 64) == []
+    (problem,) = config_problems(CuteConfig(algorithm="wgmma"), 128)
     assert "algorithm 'wgmma' must be one of ('chunk', 'recurrence')" in problem
 
 
 def test_an_unknown_key_split_is_named():
     from kdabench.kernels.cute.launch import config_problems
+    from kdabench.kernels.cute.variants import key_split_divides
 
-    assert [config_problems(CuteConfig(key_split=s)) for s in (1, 2, 4)] == [[], [], []]
-    (problem,) = config_problems(CuteConfig(key_split=3))
+    assert [config_problems(CuteConfig(key_split=s), 64) for s in (1, 2, 4)] == [[], [], []]
+    (problem,) = config_problems(CuteConfig(key_split=3), 128)
     assert "key_split 3 must be one of (1, 2, 4)" in problem
+    assert [key_split_divides(8, 64), key_split_divides(8, 128)] == [False, True]
 
 
 @pytest.mark.parametrize("lengths", [[1], [16], [17], [15, 1, 0, 33], [16] * 9, [0, 0, 1]])

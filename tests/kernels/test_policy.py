@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -398,6 +399,29 @@ def test_auto_takes_the_backend_the_profile_measured_fastest(tmp_path):
     with pytest.raises(KdaPolicyError, match="nvidia-h200.json: entry 1: backend 'cuda' is not "
                        "one of triton, cute"):
         resolve_config(caps(), device_name=H200, directory=tmp_path)
+
+
+def test_auto_takes_the_cute_config_the_profile_measured_fastest(tmp_path):
+    """An entry's cute_config (the key split `kdabench tune` measured fastest) is what "auto"
+    plans on the cute backend; a bad one refuses the profile, naming the entry."""
+    query = KdaQuery.from_caps(caps())
+    tuned = CuteConfig(key_split=2)
+    write_profile(tmp_path, rows=[entry_document(query, TUNED, backend="cute",
+                                                 cute_config=tuned)])
+    auto = resolve_config(caps(), device_name=H200, directory=tmp_path)
+    assert (auto.backend, auto.config) == ("cute", tuned)
+    assert find_profile(H200, tmp_path).lookup(query).cute_config == tuned
+    good = entry_document(query, TUNED, backend="cute", cute_config=tuned)
+    assert good["cute_config"] == {"threads": 128, "rows_per_thread": 16,
+                                   "algorithm": "chunk", "key_split": 2}
+    for bad, message in (
+            ({"key_split": 3}, "cute_config is not valid: key_split 3 must be one of"),
+            ({"key_split": "2"}, "cute_config field key_split must be int, found '2'"),
+            ({"backend": "cute"}, "cute_config fields ['backend'] are not CuteConfig's"),
+            ([2], "'cute_config' must be an object")):
+        write_profile(tmp_path, rows=[{**good, "cute_config": bad}])
+        with pytest.raises(KdaPolicyError, match=re.escape(f"nvidia-h200.json: entry 1: {message}")):
+            resolve_config(caps(), device_name=H200, directory=tmp_path)
 
 
 def test_plan_resolves_auto_to_a_backend_that_runs_here(tmp_path):

@@ -36,6 +36,9 @@ COST = {"block_v": {16: 1.3, 32: 1.0, 64: 0.8, 128: 0.9},
         "num_warps": {2: 1.1, 4: 1.0, 8: 0.95},
         "num_stages": {1: 1.02, 2: 1.0, 3: 0.99}}
 PATTERN = (1.0, 0.98, 1.02, 0.99, 1.01)
+# the CuTe backend's time per key split over its cute_factor: key split 2 fastest, so a tuned
+# entry's cute config differs from the default (4)
+CUTE_SPLIT_FACTOR = {1: 1.2, 2: 1.0, 4: 1.1}
 
 
 def fake_ms(query, config) -> float:
@@ -49,7 +52,8 @@ def fake_ms(query, config) -> float:
 class FakeRunner:
     """inaccurate: configs whose oracle errors exceed any tolerance; broken: block_v values
     whose candidates fail to compile; unavailable: the reason it cannot run; cute_factor: the
-    CuTe backend's time over the fastest Triton config's (None: it cannot run here)."""
+    CuTe backend's time at its fastest key split over the fastest Triton config's (None: it
+    cannot run here)."""
 
     def __init__(self, *, name=H200, unavailable=None, inaccurate=(), broken=(),
                  cute_factor=None):
@@ -80,7 +84,8 @@ class FakeRunner:
         for config in configs:
             if getattr(config, "backend", "triton") == "cute":
                 triton = [c for c in configs if not hasattr(c, "backend")]
-                ms = fake_ms(query, best(query, triton)) * self.cute_factor
+                ms = fake_ms(query, best(query, triton)) * self.cute_factor * \
+                    CUTE_SPLIT_FACTOR[config.key_split]
                 timed.append(Timed([ms] * reps, None, 3))
                 continue
             if config.block_v in self.broken:

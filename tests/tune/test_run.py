@@ -175,9 +175,12 @@ def test_a_profile_named_unlike_the_device_is_noted(tmp_path, tiny):
 
 
 def test_another_backend_wins_an_entry_only_faster_by_min_gain_and_checked(tmp_path, tiny):
-    """The CuTe backend timed beside the Triton candidates: the entry keeps the Triton winner
-    as its config and names the backend "auto" plans run."""
+    """The CuTe backend timed beside the Triton candidates, at each key split: the entry keeps
+    the Triton winner as its config, names the backend "auto" plans run and, where that is
+    the CuTe backend, its fastest key split."""
     from kdabench.kernels.config import CuteConfig
+
+    splits = [CuteConfig(key_split=split) for split in (1, 2, 4)]
 
     cases = {0.5: "cute", 0.99: "triton", 2.0: "triton"}  # min_gain is 3%
     for factor, expected in cases.items():
@@ -190,19 +193,24 @@ def test_another_backend_wins_an_entry_only_faster_by_min_gain_and_checked(tmp_p
             entry = profile.lookup(query.catalog_query())
             triton_best = best(query, candidates(query, tiny.grid).configs)
             assert entry.config == triton_best and record["backend"] == entry.backend == expected
-            [cute] = entry.measurements["backends"]
-            assert cute["backend"] == "cute" and cute["speedup_over_triton"] == \
-                pytest.approx(1 / factor)
-            assert (cute["oracle"] is not None) == (expected == "cute")
-            assert runner.measured[-1][1][-1] == CuteConfig()  # timed in the same measure()
+            rows = entry.measurements["backends"]
+            assert [row["config"]["key_split"] for row in rows] == [1, 2, 4]
+            assert {row["backend"] for row in rows} == {"cute"}
+            fastest = rows[1]
+            assert fastest["speedup_over_triton"] == pytest.approx(1 / factor)
+            assert (fastest["oracle"] is not None) == (expected == "cute")
+            assert runner.measured[-1][1][-3:] == splits  # timed in the same measure()
+            assert entry.cute_config == (splits[1] if expected == "cute" else None)
             auto = resolve_config(query.caps("cpu"), device_name=H200, directory=out.parent)
             assert auto.backend == expected
+            if expected == "cute":
+                assert auto.config == CuteConfig(key_split=2)
             triton = resolve_config(dataclasses.replace(query.caps("cpu"), backend="triton"),
                                     device_name=H200, directory=out.parent)
             assert (triton.backend, triton.config) == ("triton", triton_best)
 
     # faster, but off the float64 recurrence: Triton keeps the query
-    runner = FakeRunner(cute_factor=0.5, inaccurate=[CuteConfig()])
+    runner = FakeRunner(cute_factor=0.5, inaccurate=splits)
     _, result = tune(tmp_path, tiny, runner, out=tmp_path / "bad" / "nvidia-h200.json")
     profile = find_profile(H200, tmp_path / "bad")
     for query in tiny.queries:
