@@ -48,6 +48,7 @@ from .catalog import (
     config_from_dict,
     config_problems,
     config_to_dict,
+    same_type,
 )
 from .config import BACKENDS, CuteConfig, KernelConfig
 
@@ -146,7 +147,7 @@ def _cute_config(raw: Any, where: str, head_dim: int) -> CuteConfig:
         raise KdaPolicyError(f"{where}: cute_config fields {unknown} are not CuteConfig's "
                              f"({', '.join(sorted(defaults))})")
     for name, value in raw.items():
-        if type(value) is not type(defaults[name]):
+        if not same_type(value, defaults[name]):
             raise KdaPolicyError(f"{where}: cute_config field {name} must be "
                                  f"{type(defaults[name]).__name__}, found {value!r}")
     config = CuteConfig(**raw)
