@@ -50,6 +50,12 @@ REFERENCE_TOKEN = 7  # A's factors are taken relative to this token's cumulative
 PAD = CHUNK * 8 + 1  # row stride of the prep's [16, K] tiles (K <= 128; no bank conflicts)
 
 
+@cute.jit
+def _chunks(length: Int64) -> Int64:
+    """16-token chunks of a sequence of `length` tokens."""
+    return (length + CHUNK - 1) // CHUNK
+
+
 @cute.kernel
 def chunk_index_kernel(cu: cute.Tensor, live: cute.Tensor, err: cute.Tensor, co: cute.Tensor):
     lane = Int64(cute.arch.thread_idx()[0])
@@ -66,7 +72,7 @@ def chunk_index_kernel(cu: cute.Tensor, live: cute.Tensor, err: cute.Tensor, co:
             hi = num_seqs
         total = Int64(0)
         for n in cutlass.range(lo, hi):
-            total = total + (cu[n + 1] - cu[n] + CHUNK - 1) // CHUNK
+            total = total + _chunks(cu[n + 1] - cu[n])
         totals[lane] = total
         cute.arch.sync_warp()
         run = Int64(0)
@@ -74,7 +80,7 @@ def chunk_index_kernel(cu: cute.Tensor, live: cute.Tensor, err: cute.Tensor, co:
             run = run + totals[other]
         for n in cutlass.range(lo, hi):
             co[n] = run
-            run = run + (cu[n + 1] - cu[n] + CHUNK - 1) // CHUNK
+            run = run + _chunks(cu[n + 1] - cu[n])
         if lane == 31:
             co[num_seqs] = run
 
@@ -374,12 +380,21 @@ def _writes_tile(part: Int64, ot: cutlass.Constexpr, SPLIT: cutlass.Constexpr):
 
 
 @cute.jit
+def _pool_tile(slot: Int64, h: Int64, H: Int64, v0: Int64, g: Int64, t2: Int64, part: Int64,
+               K: cutlass.Constexpr, SPLIT: cutlass.Constexpr) -> Int64:
+    """Where the lane's first accumulator value of the warp's S^T tiles lives in pool[slot]
+    (V-first: row v0 + g, key t2 of the part's first key tile; + 8 K for row g + 8, + 8 per
+    key tile, + 1 for the pair's second value)."""
+    return ((slot * H + h) * K + v0 + g) * K + t2 + part * (K // 8 // SPLIT) * 8
+
+
+@cute.jit
 def _store_state(pool: cute.Tensor, S: cute.Tensor, slot: Int64, h: Int64, H: Int64, v0: Int64,
                  g: Int64, t2: Int64, part: Int64, K: cutlass.Constexpr,
                  SPLIT: cutlass.Constexpr):
     """The warp's S^T tiles to pool[slot, h, v0 + g (+ 8), its keys] (V-first layout)."""
     NTW = K // 8 // SPLIT
-    row = ((slot * H + h) * K + v0 + g) * K + t2 + part * NTW * 8
+    row = _pool_tile(slot, h, H, v0, g, t2, part, K, SPLIT)
     for nt in cutlass.range_constexpr(NTW):
         pool[row + nt * 8] = S[nt * 4]
         pool[row + nt * 8 + 1] = S[nt * 4 + 1]
@@ -452,13 +467,13 @@ def chunk_pass_kernel(
                 S[i] = Float32(0.0)
             init = init_idx[n]
             if init >= 0:
-                row = ((init * H + h) * K + v0 + g) * K + t2 + part * NTW * 8
+                row = _pool_tile(init, h, H, v0, g, t2, part, K, SPLIT)
                 for nt in cutlass.range_constexpr(NTW):
                     S[nt * 4] = pool[row + nt * 8]
                     S[nt * 4 + 1] = pool[row + nt * 8 + 1]
                     S[nt * 4 + 2] = pool[row + 8 * K + nt * 8]
                     S[nt * 4 + 3] = pool[row + 8 * K + nt * 8 + 1]
-            chunks = (length + CHUNK - 1) // CHUNK
+            chunks = _chunks(length)
             if chunks > 0:
                 _load_operands(wW, wQ, wU, Wr, Qr, Ur, first * H + h, v0, lane, part, KS, SPLIT)
                 _copy_update_operands(wKd, wGL, wA, sKd, sGL, sA, first * H + h, warp, 0, lane,
@@ -594,7 +609,7 @@ def _interior_checkpoint(pool: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, 
     from the operands the prep wrote for checkpoint unit `unit`, to pool[slot] (the warp's
     keys)."""
     NTW = K // 8 // SPLIT
-    dst = ((slot * H + h) * K + v0 + g) * K + t2 + part * NTW * 8
+    dst = _pool_tile(slot, h, H, v0, g, t2, part, K, SPLIT)
     for nt in cutlass.range_constexpr(NTW):
         key_tile = part * NTW + nt
         cute.autovec_copy(wCK[(unit * (K // 8) + key_tile) * 32 + lane, None], Kr)
