@@ -39,7 +39,7 @@ def build_kernels(arch_list: str, out_dir: Path | None, check_only: bool, as_jso
     """Compile the CuTe DSL kernels of the cute backend for GPU targets, on any machine.
 
     Needs the DSL (pip install 'kdabench[cute]') and a C compiler, not a GPU. Per arch it
-    writes DIR/<arch>/: libkdabench_cute.so (76 functions: validation, input transforms,
+    writes DIR/<arch>/: libkdabench_cute.so (79 functions: validation, input transforms,
     the token recurrence's state pass and the tensor-core chunk algorithm's index,
     preparation and pass, for head dims 64/128, capacities 1/2/4, every gate mode; bf16
     activations, fp32 gates), the DSL runtime it links against, and manifest.json (arch, DSL

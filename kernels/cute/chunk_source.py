@@ -389,6 +389,16 @@ def _pool_tile(slot: Int64, h: Int64, H: Int64, v0: Int64, g: Int64, t2: Int64, 
 
 
 @cute.jit
+def offsets_of(ck_off: cute.Tensor, ck_idx: cute.Tensor, n: Int64, c: Int64,
+               CK: cutlass.Constexpr) -> Int64:
+    """Checkpoint c of sequence n's offset, -1 when inactive (as active_checkpoints)."""
+    off = Int64(-1)
+    if ck_idx[n * CK + c] >= 0:
+        off = ck_off[n * CK + c]
+    return off
+
+
+@cute.jit
 def _store_state(pool: cute.Tensor, S: cute.Tensor, slot: Int64, h: Int64, H: Int64, v0: Int64,
                  g: Int64, t2: Int64, part: Int64, K: cutlass.Constexpr,
                  SPLIT: cutlass.Constexpr):
@@ -462,7 +472,7 @@ def chunk_pass_kernel(
             al = cute.make_rmem_tensor(cute.make_layout(4), Int32)
             vh = cute.make_rmem_tensor(cute.make_layout(4), Int32)
             vl = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-            offsets, slots = active_checkpoints(ck_off, ck_idx, n, CK)
+            offsets, _ = active_checkpoints(ck_off, ck_idx, n, CK)
             for i in cutlass.range_constexpr(NTW * 4):
                 S[i] = Float32(0.0)
             init = init_idx[n]
@@ -567,13 +577,25 @@ def chunk_pass_kernel(
                             if tok < rows:
                                 out[((bos + start + tok) * H + h) * K + v0 + g + e // 2 * 8] = \
                                     O[b + e].to(out.element_type)
-                for c in cutlass.range_constexpr(CK):  # checkpoints strictly inside the chunk
+                inside = Int32(0)  # a checkpoint strictly inside the chunk, one at its end
+                at_end = Int32(0)
+                for c in cutlass.range_constexpr(CK):
                     p = offsets[c] - start
                     if p > 0:
                         if p < CHUNK:
-                            _interior_checkpoint(pool, wCK, wCD, S, vh, vl, D, Kr, Lr, slots[c],
-                                                 (n * CK + c) * H + h, h, H, v0, g, t2, lane,
-                                                 part, K, SPLIT)
+                            inside = Int32(1)
+                    if p == CHUNK:
+                        at_end = Int32(1)
+                # the checkpoints' code sits behind a branch around a rolled loop, so the chunk
+                # step carries none of it (if-converted, it tripled the step's instructions)
+                if inside != 0:
+                    for c in cutlass.range(CK, unroll=1):
+                        p = offsets_of(ck_off, ck_idx, n, c, CK) - start
+                        if p > 0:
+                            if p < CHUNK:
+                                _interior_checkpoint(pool, wCK, wCD, S, vh, vl, D, Kr, Lr,
+                                                     ck_idx[n * CK + c], (n * CK + c) * H + h,
+                                                     h, H, v0, g, t2, lane, part, K, SPLIT)
                 for nt in cutlass.range_constexpr(NTW):
                     cute.autovec_copy(sGL[warp, buf, nt, lane, None], Lr)
                     d0 = Lr[0]
@@ -591,9 +613,11 @@ def chunk_pass_kernel(
                         vh[0], vh[1], vh[2], vh[3], kl0, kl1, D[0], D[1], D[2], D[3])
                     S[b], S[b + 1], S[b + 2], S[b + 3] = mma_bf16(
                         vl[0], vl[1], vl[2], vl[3], kh0, kh1, D[0], D[1], D[2], D[3])
-                for c in cutlass.range_constexpr(CK):  # a checkpoint at the chunk's end
-                    if offsets[c] == start + CHUNK:
-                        _store_state(pool, S, slots[c], h, H, v0, g, t2, part, K, SPLIT)
+                if at_end != 0:
+                    for c in cutlass.range(CK, unroll=1):
+                        if offsets_of(ck_off, ck_idx, n, c, CK) == start + CHUNK:
+                            _store_state(pool, S, ck_idx[n * CK + c], h, H, v0, g, t2, part, K,
+                                         SPLIT)
             last = final_idx[n]
             if last >= 0:
                 _store_state(pool, S, last, h, H, v0, g, t2, part, K, SPLIT)

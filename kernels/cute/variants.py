@@ -17,7 +17,7 @@ from ..contract import CAPACITIES, GATE_MODES, HEAD_DIMS
 KERNELS = ("validate", "prepare", "state_pass", "chunk_index", "chunk_prep", "chunk_pass")
 ALGORITHMS = ("chunk", "recurrence")  # CuteConfig.algorithm: the kernels after validate
 CHUNK_PASS_WARPS = 1  # blocks of 16 V columns per block of the chunk pass
-KEY_SPLITS = (1, 2, 4)  # CuteConfig.key_split: warps sharing one block of 16 V columns
+KEY_SPLITS = (1, 2, 4, 8)  # CuteConfig.key_split: warps sharing one block of 16 V columns
 CHUNK = 16  # the chunk algorithm's tokens per chunk (kernels/cute/chunk_source.py)
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32",
                torch.int32: "i32", torch.int64: "i64"}
@@ -101,7 +101,7 @@ def chunk_pass_variant(head_dim: int, capacity: int, out: torch.dtype,
 
 
 def aot_variants() -> list[Variant]:
-    """Every variant `kdabench build-kernels` compiles (76 per architecture)."""
+    """Every variant `kdabench build-kernels` compiles (79 per architecture)."""
     variants = [validate_variant(c) for c in CAPACITIES] + [chunk_index_variant()]
     for k in HEAD_DIMS:
         for gate in GATE_MODES:
@@ -114,5 +114,6 @@ def aot_variants() -> list[Variant]:
                                                        AOT_ACTIVATION))
         for c in CAPACITIES:
             variants.append(state_pass_variant(k, c, AOT_ACTIVATION, AOT_ACTIVATION))
-            variants += [chunk_pass_variant(k, c, AOT_ACTIVATION, s) for s in KEY_SPLITS]
+            variants += [chunk_pass_variant(k, c, AOT_ACTIVATION, s) for s in KEY_SPLITS
+                         if key_split_divides(s, k)]
     return variants

@@ -49,9 +49,11 @@ def test_an_unknown_key_split_is_named():
     from kdabench.kernels.cute.launch import config_problems
     from kdabench.kernels.cute.variants import key_split_divides
 
-    assert [config_problems(CuteConfig(key_split=s), 64) for s in (1, 2, 4)] == [[], [], []]
+    assert [config_problems(CuteConfig(key_split=s), 128) for s in (1, 2, 4, 8)] == [[]] * 4
     (problem,) = config_problems(CuteConfig(key_split=3), 128)
-    assert "key_split 3 must be one of (1, 2, 4)" in problem
+    assert "key_split 3 must be one of (1, 2, 4, 8)" in problem
+    (problem,) = config_problems(CuteConfig(key_split=8), 64)
+    assert "key_split 8 does not divide the 4 key steps of 16 at head_dim 64" in problem
     assert [key_split_divides(8, 64), key_split_divides(8, 128)] == [False, True]
 
 

@@ -23,9 +23,9 @@ from kdabench.kernels.cute.variants import aot_variants, prepare_variant, state_
 ARCHS = ("sm_90a", "sm_121a")
 
 
-def test_aot_variants_are_76_distinct_names():
+def test_aot_variants_are_79_distinct_names():
     names = [variant.name for variant in aot_variants()]
-    assert len(names) == len(set(names)) == 76
+    assert len(names) == len(set(names)) == 79
     assert "kda_state_pass_K128_CK4_v_bf16_out_bf16" in names
     assert "kda_chunk_pass_K128_CK4_W1_S4_out_bf16" in names
     assert "kda_prepare_K64_GATE1_L21_BSIG1_qk_bf16_g_f32_beta_f32_gp_f32" in names
