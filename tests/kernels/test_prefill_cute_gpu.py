@@ -132,10 +132,11 @@ def test_against_float64(case_id, config):
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_checkpoints_at_chunk_edges(config):
-    """Offsets on 16-token chunk boundaries, one token either side of one, and at the end."""
+    """Offsets on 16-token chunk boundaries, one token either side of one, and one token before
+    a sequence's end (lengths 700, 1, 64, 333; the one-token sequence has none)."""
     x, tensors, _, _, pool = prepared("K128-H8-ragged-precomputed-C4")
-    offsets = [[16, 32, 33, 700], [1, 1, 1, 1], [15, 16, 17, 64], [47, 48, 320, 333]]
-    slots = [[8 + 4 * m + c if m != 1 or c == 0 else -1 for c in range(4)] for m in range(4)]
+    offsets = [[16, 32, 33, 699], [1, 1, 1, 1], [15, 16, 17, 63], [47, 48, 320, 332]]
+    slots = [[8 + 4 * m + c if m != 1 else -1 for c in range(4)] for m in range(4)]
     tensors["checkpoint_offsets"].copy_(torch.tensor(offsets))
     tensors["checkpoint_state_indices"].copy_(torch.tensor(slots))
     result = cute_prefill(x, tensors, pool, CONFIGS[config])
