@@ -112,16 +112,22 @@ def test_the_default_is_the_chunk_algorithm():
     if key_split_divides(CONFIGS[config].key_split, CASES[case_id][2])])
 def test_against_float64(case_id, config):
     x, tensors, offsets, slots, pool = prepared(case_id)
-    lengths = x.lengths
-    active = [[o for o, s in zip(row, srow, strict=True) if s >= 0]
-              for row, srow in zip(offsets, slots, strict=True)]
+    assert_matches_recurrence(x, tensors, pool, offsets, slots, config)
+
+
+def assert_matches_recurrence(x, tensors: dict, pool: torch.Tensor, offsets, slots,
+                              config: str):
+    """One call with `config`; its output, final states (pool[n:2n]) and the checkpoints of
+    the active (offset, slot) pairs against the float64 recurrence."""
     result = cute_prefill(x, tensors, pool, CONFIGS[config])
     assert int(result.error_code) == 0, result.message()
+    active = [[o for o, s in zip(row, srow, strict=True) if s >= 0]
+              for row, srow in zip(offsets, slots, strict=True)]
     state_tol = CHUNK_STATE_TOL if CONFIGS[config].algorithm == "chunk" else STATE_TOL
     ref = recurrent_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens.tolist(),
                         initial_state=x.initial_state, prefix_lengths=active, device=DEVICE,
                         **x.gate_kwargs())
-    n = len(lengths)
+    n = len(x.lengths)
     assert relative_error(ref.o, result.o) <= OUTPUT_TOL
     assert relative_error(ref.final_state, pool[n: 2 * n]) <= state_tol
     for m in range(n):
@@ -139,18 +145,7 @@ def test_checkpoints_at_chunk_edges(config):
     slots = [[8 + 4 * m + c if m != 1 else -1 for c in range(4)] for m in range(4)]
     tensors["checkpoint_offsets"].copy_(torch.tensor(offsets))
     tensors["checkpoint_state_indices"].copy_(torch.tensor(slots))
-    result = cute_prefill(x, tensors, pool, CONFIGS[config])
-    assert int(result.error_code) == 0, result.message()
-    active = [[o for o, s in zip(row, srow, strict=True) if s >= 0]
-              for row, srow in zip(offsets, slots, strict=True)]
-    ref = recurrent_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens.tolist(),
-                        initial_state=x.initial_state, prefix_lengths=active, device=DEVICE,
-                        **x.gate_kwargs())
-    state_tol = CHUNK_STATE_TOL if CONFIGS[config].algorithm == "chunk" else STATE_TOL
-    assert relative_error(ref.o, result.o) <= OUTPUT_TOL
-    for m in range(4):
-        for c, slot in enumerate(s for s in slots[m] if s >= 0):
-            assert relative_error(ref.prefix_states[m][c], pool[slot]) <= state_tol
+    assert_matches_recurrence(x, tensors, pool, offsets, slots, config)
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
