@@ -21,7 +21,9 @@ After validate (kernels/cute/source.py), three kernels on one stream:
       X = S^T W^T,  Vnew^T = U^T - X,  o^T = S^T qg^T + Vnew^T A_qk^T,
       S^T <- S^T diag(e^G_last) + Vnew^T kd
 
-  the warps' partial X and o summed through shared memory every chunk. The two products on
+  the warps' partial X and o summed through shared memory every chunk. Everything a warp
+  reads of a chunk (its W, qg, kd, e^G_last and A_qk records, and its group's U, copied once
+  per group) is copied into shared memory with cp.async one chunk ahead. The two products on
   the state path (X and the update) run split in three (high x high + high x low + low x
   high) on bf16 tensor cores, near fp32 (kernels/NOTES.md, "Precision of a tensor-core chunk
   step"); the output's products run in plain bf16. A checkpoint strictly inside a chunk is
@@ -336,30 +338,30 @@ def _fill_nan(out: cute.Tensor, n: Int64, h: Int64, v0: Int64, lane: Int64, H: I
 
 
 @cute.jit
-def _load_operands(wW: cute.Tensor, wQ: cute.Tensor, wU: cute.Tensor, Wr: list, Qr: list,
-                   Ur: cute.Tensor, sh: Int64, v0: Int64, lane: Int64, part: Int64,
-                   KS: cutlass.Constexpr, SPLIT: cutlass.Constexpr):
-    """The lane's W (split) and qg records of its part's key steps of chunk-head sh, and its U
-    record, vector loads."""
-    for r in cutlass.range_constexpr(KS // SPLIT * 2):
-        rec = sh * KS * 64 + (part * (KS // SPLIT) * 2 + r) * 32 + lane
-        cute.autovec_copy(wW[rec, None], Wr[r])
-        cute.autovec_copy(wQ[rec, None], Qr[r])
-    cute.autovec_copy(wU[(sh * KS + v0 // PASS_COLUMNS) * 32 + lane, None], Ur)
-
-
-@cute.jit
-def _copy_update_operands(wKd: cute.Tensor, wGL: cute.Tensor, wA: cute.Tensor, sKd: cute.Tensor,
-                          sGL: cute.Tensor, sA: cute.Tensor, sh: Int64, warp: Int64, buf: Int64,
-                          lane: Int64, t2: Int64, part: Int64, K: cutlass.Constexpr,
-                          SPLIT: cutlass.Constexpr):
-    """cp.async of the lane's kd and e^G_last records of its part's key tiles of chunk-head sh,
-    and of the A_qk records of the token tiles its warp writes, into buffer buf, committed as
-    one group (each lane reads back only what it copied)."""
+def _copy_operands(wW: cute.Tensor, wQ: cute.Tensor, wU: cute.Tensor, wKd: cute.Tensor,
+                   wGL: cute.Tensor, wA: cute.Tensor, sW: cute.Tensor, sQ: cute.Tensor,
+                   sU: cute.Tensor, sKd: cute.Tensor, sGL: cute.Tensor, sA: cute.Tensor,
+                   sh: Int64, warp: Int64, buf: Int64, ubuf: Int64, lane: Int64, t2: Int64,
+                   part: Int64, v0: Int64, K: cutlass.Constexpr, SPLIT: cutlass.Constexpr):
+    """cp.async of what the lane reads of chunk-head sh into buffer buf, committed as one
+    group: the W (split) and qg records of its part's key steps, the kd and e^G_last records
+    of its part's key tiles and the A_qk records of the token tiles its warp writes (each lane
+    reads back only what it copied), and, in the group's first warp, the group's U records
+    into U buffer ubuf."""
+    KS = K // 16
     NTW = K // 8 // SPLIT
     wide = cute.make_copy_atom(cpasync.CopyG2SOp(), Int32, num_bits_per_copy=128)
+    wide_f = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=128)
     pair = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=64)
     pair_i = cute.make_copy_atom(cpasync.CopyG2SOp(), Int32, num_bits_per_copy=64)
+    for r in cutlass.range_constexpr(KS // SPLIT * 2):
+        rec = sh * KS * 64 + (part * (KS // SPLIT) * 2 + r) * 32 + lane
+        cute.copy(wide, wW[rec, None], sW[warp, buf, r, lane, None])
+        cute.copy(pair_i, wQ[rec, None], sQ[warp, buf, r, lane, None])
+    if part == 0:  # U: one copy per group, read by all its warps after the exchange barrier
+        u = cute.flat_divide(wU[(sh * KS + v0 // PASS_COLUMNS) * 32 + lane, None], (4,))
+        for half in cutlass.range_constexpr(2):
+            cute.copy(wide_f, u[None, half], sU[warp // SPLIT, ubuf, lane, half, None])
     for nt in cutlass.range_constexpr(NTW):
         key_tile = part * NTW + nt
         cute.copy(wide, wKd[(sh * (K // 8) + key_tile) * 32 + lane, None],
@@ -433,8 +435,19 @@ def chunk_pass_kernel(
     group = warp // SPLIT  # which 16 V columns of the block
     g = lane // 4
     t2 = lane % 4 * 2
-    # per warp, two chunks' kd, e^G_last and A_qk records, copied ahead with cp.async
+    # per warp, two chunks' records (all it reads of a chunk), copied a chunk ahead with
+    # cp.async
     smem = SmemAllocator()
+    sW = smem.allocate_tensor(Int32, cute.make_layout(
+        (WT, 2, KSW * 2, 32, 4), stride=(2 * KSW * 256, KSW * 256, 128, 4, 1)),
+        byte_alignment=16)
+    sQ = smem.allocate_tensor(Int32, cute.make_layout(
+        (WT, 2, KSW * 2, 32, 2), stride=(2 * KSW * 128, KSW * 128, 64, 2, 1)),
+        byte_alignment=16)
+    # U, the same for a group's warps: one copy per group, three chunks deep (the first warp
+    # copies chunk j + 1's while the others may still read chunk j - 1's)
+    sU = smem.allocate_tensor(Float32, cute.make_layout(
+        (WARPS, 3, 32, 2, 4), stride=(768, 256, 8, 4, 1)), byte_alignment=16)
     sKd = smem.allocate_tensor(Int32, cute.make_layout(
         (WT, 2, NTW, 32, 4), stride=(2 * NTW * 128, NTW * 128, 128, 4, 1)), byte_alignment=16)
     sGL = smem.allocate_tensor(Float32, cute.make_layout(
@@ -462,12 +475,11 @@ def chunk_pass_kernel(
             O = cute.make_rmem_tensor(cute.make_layout(8), Float32)
             P = cute.make_rmem_tensor(cute.make_layout(4), Float32)
             D = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-            # W and qg of the chunk in hand, loaded while the chunk before it finished
+            # W and qg of the chunk in hand, from shared memory
             Wr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(KSW * 2)]
             Qr = [cute.make_rmem_tensor(cute.make_layout(2), Int32) for _ in range(KSW * 2)]
             Kr = cute.make_rmem_tensor(cute.make_layout(4), Int32)
             Lr = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-            Ur = cute.make_rmem_tensor(cute.make_layout(8), Float32)
             ah = cute.make_rmem_tensor(cute.make_layout(4), Int32)
             al = cute.make_rmem_tensor(cute.make_layout(4), Int32)
             vh = cute.make_rmem_tensor(cute.make_layout(4), Int32)
@@ -485,17 +497,22 @@ def chunk_pass_kernel(
                     S[nt * 4 + 3] = pool[row + 8 * K + nt * 8 + 1]
             chunks = _chunks(length)
             if chunks > 0:
-                _load_operands(wW, wQ, wU, Wr, Qr, Ur, first * H + h, v0, lane, part, KS, SPLIT)
-                _copy_update_operands(wKd, wGL, wA, sKd, sGL, sA, first * H + h, warp, 0, lane,
-                                      t2, part, K, SPLIT)
+                _copy_operands(wW, wQ, wU, wKd, wGL, wA, sW, sQ, sU, sKd, sGL, sA,
+                               first * H + h, warp, 0, 0, lane, t2, part, v0, K, SPLIT)
             for j in cutlass.range(chunks):
                 sh = (first + j) * H + h
                 start = j * CHUNK
                 rows = length - start
                 buf = j % 2
-                if j + 1 < chunks:  # the next chunk's update operands, copied during this one
-                    _copy_update_operands(wKd, wGL, wA, sKd, sGL, sA, sh + H, warp, 1 - buf,
-                                          lane, t2, part, K, SPLIT)
+                if j + 1 < chunks:  # the next chunk's records, copied during this one
+                    _copy_operands(wW, wQ, wU, wKd, wGL, wA, sW, sQ, sU, sKd, sGL, sA, sh + H,
+                                   warp, 1 - buf, (j + 1) % 3, lane, t2, part, v0, K, SPLIT)
+                    cute.arch.cp_async_wait_group(1)  # this chunk's are in
+                else:
+                    cute.arch.cp_async_wait_group(0)
+                for r in cutlass.range_constexpr(KSW * 2):
+                    cute.autovec_copy(sW[warp, buf, r, lane, None], Wr[r])
+                    cute.autovec_copy(sQ[warp, buf, r, lane, None], Qr[r])
                 for i in cutlass.range_constexpr(8):
                     X[i] = Float32(0.0)
                     E[i] = Float32(0.0)
@@ -554,18 +571,14 @@ def chunk_pass_kernel(
                                                   P)
                                 for e in cutlass.range_constexpr(4):
                                     O[ot * 4 + e] = O[ot * 4 + e] + P[e]
-                for i in cutlass.range_constexpr(8):  # Vnew^T = U^T - X, in X
-                    X[i] = Ur[i] - X[i]
-                if j + 1 < chunks:  # the next chunk's W, qg and U, in flight during this update
-                    _load_operands(wW, wQ, wU, Wr, Qr, Ur, sh + H, v0, lane, part, KS, SPLIT)
+                for half in cutlass.range_constexpr(2):
+                    cute.autovec_copy(sU[group, j % 3, lane, half, None], P)
+                    for e in cutlass.range_constexpr(4):  # Vnew^T = U^T - X, in X
+                        X[half * 4 + e] = P[e] - X[half * 4 + e]
                 vh[0], vl[0] = split_bf16x2(X[0], X[1])
                 vh[1], vl[1] = split_bf16x2(X[2], X[3])
                 vh[2], vl[2] = split_bf16x2(X[4], X[5])
                 vh[3], vl[3] = split_bf16x2(X[6], X[7])
-                if j + 1 < chunks:  # this chunk's copies are in (the next chunk's may not be)
-                    cute.arch.cp_async_wait_group(1)
-                else:
-                    cute.arch.cp_async_wait_group(0)
                 for ot in cutlass.range_constexpr(2):
                     if _writes_tile(part, ot, SPLIT):
                         b = ot * 4
