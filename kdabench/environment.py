@@ -125,10 +125,15 @@ def git_state(repo_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The commit checked out in `repo_dir` and whether the work tree differs from it.
 
     Returns {"commit": 40-hex str | None, "dirty": bool | None}. Untracked files that git
-    does not ignore count as dirty. Both are None when `repo_dir` is not a git checkout or
-    git is missing; "commit" is None in a repository with no commit yet. Never raises.
+    does not ignore count as dirty. Both are None when `repo_dir` is not the top of a git
+    checkout (a tree copied into an ignored folder of another checkout is not that checkout's
+    commit) or git is missing; "commit" is None in a repository with no commit yet. Never
+    raises.
     """
     state: dict[str, Any] = {"commit": None, "dirty": None}
+    top = _git(repo_dir, "rev-parse", "--show-toplevel")
+    if top is None or Path(top.strip()).resolve() != Path(repo_dir).resolve():
+        return state
     status = _git(repo_dir, "status", "--porcelain")
     if status is None:
         return state

@@ -91,6 +91,10 @@ def test_git_state_of_a_checkout(tmp_path):
     assert len(state["commit"]) == 40 and int(state["commit"], 16) >= 0
     (tmp_path / "a.txt").write_text("b\n")
     assert git_state(tmp_path) == {"commit": state["commit"], "dirty": True}
+    # a tree copied into an ignored folder of the checkout is not the checkout's commit
+    (tmp_path / ".gitignore").write_text("copy/\n")
+    (tmp_path / "copy").mkdir()
+    assert git_state(tmp_path / "copy") == {"commit": None, "dirty": None}
 
 
 def test_usable_cpus_are_the_affinity_capped_by_a_cgroup_quota(monkeypatch):
