@@ -3,11 +3,13 @@ its fixed config resolved by the policy (the GPU behaviour: test_prefill_cute_gp
 
 from __future__ import annotations
 
+import cute_chunk_edges
 import pytest
 import torch
 
 from kdabench.kernels import Caps, KdaConfigError, kda_prefill, plan, resolve_config
 from kdabench.kernels.config import CuteConfig
+from kdabench.oracles.metadata import expected_error_code
 
 CUTE_ON_CPU = Caps(device="cpu", num_heads=2, head_dim=64, max_tokens=16, max_seqs=1,
                    max_state_slots=4, backend="cute")
@@ -77,3 +79,17 @@ def test_chunk_workspaces_hold_every_chunk_of_any_batch(lengths):
     recurrence = allocate_workspaces(caps, CuteConfig(algorithm="recurrence"),
                                      torch.device("cpu"))
     assert "chunk_W" not in recurrence and "wq" in recurrence
+
+
+def test_chunk_edge_metadata_is_accepted():
+    """The chunk-edge GPU test's hand-written metadata passes validation (error code 0), so that
+    test checks checkpoints, not the validator."""
+    lengths = cute_chunk_edges.LENGTHS
+    cu = [0]
+    for length in lengths:
+        cu.append(cu[-1] + length)
+    n = len(lengths)
+    code = expected_error_code(cu, n, list(range(n)), list(range(n, 2 * n)),
+                               cute_chunk_edges.OFFSETS, cute_chunk_edges.SLOTS,
+                               cute_chunk_edges.NUM_SLOTS, cu[-1])
+    assert code == 0

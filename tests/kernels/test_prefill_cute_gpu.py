@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 
+import cute_chunk_edges
 import pytest
 import torch
 
@@ -141,8 +142,8 @@ def test_checkpoints_at_chunk_edges(config):
     """Offsets on 16-token chunk boundaries, one token either side of one, and one token before
     a sequence's end (lengths 700, 1, 64, 333; the one-token sequence has none)."""
     x, tensors, _, _, pool = prepared("K128-H8-ragged-precomputed-C4")
-    offsets = [[16, 32, 33, 699], [1, 1, 1, 1], [15, 16, 17, 63], [47, 48, 320, 332]]
-    slots = [[8 + 4 * m + c if m != 1 else -1 for c in range(4)] for m in range(4)]
+    assert x.lengths == cute_chunk_edges.LENGTHS and pool.shape[0] == cute_chunk_edges.NUM_SLOTS
+    offsets, slots = cute_chunk_edges.OFFSETS, cute_chunk_edges.SLOTS
     tensors["checkpoint_offsets"].copy_(torch.tensor(offsets))
     tensors["checkpoint_state_indices"].copy_(torch.tensor(slots))
     assert_matches_recurrence(x, tensors, pool, offsets, slots, config)
