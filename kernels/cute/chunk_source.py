@@ -43,7 +43,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
 from .ptx import mma_bf16, pack_bf16x2, split_bf16x2
-from .source import L2_NORM_EPS, active_checkpoints, beta_of, log_decay
+from .source import L2_NORM_EPS, active_checkpoints, beta_of, checkpoint_offset, log_decay
 from .variants import CHUNK
 
 PREP_THREADS = 128
@@ -391,16 +391,6 @@ def _pool_tile(slot: Int64, h: Int64, H: Int64, v0: Int64, g: Int64, t2: Int64, 
 
 
 @cute.jit
-def offsets_of(ck_off: cute.Tensor, ck_idx: cute.Tensor, n: Int64, c: Int64,
-               CK: cutlass.Constexpr) -> Int64:
-    """Checkpoint c of sequence n's offset, -1 when inactive (as active_checkpoints)."""
-    off = Int64(-1)
-    if ck_idx[n * CK + c] >= 0:
-        off = ck_off[n * CK + c]
-    return off
-
-
-@cute.jit
 def _store_state(pool: cute.Tensor, S: cute.Tensor, slot: Int64, h: Int64, H: Int64, v0: Int64,
                  g: Int64, t2: Int64, part: Int64, K: cutlass.Constexpr,
                  SPLIT: cutlass.Constexpr):
@@ -445,9 +435,11 @@ def chunk_pass_kernel(
         (WT, 2, KSW * 2, 32, 2), stride=(2 * KSW * 128, KSW * 128, 64, 2, 1)),
         byte_alignment=16)
     # U, the same for a group's warps: one copy per group, three chunks deep (the first warp
-    # copies chunk j + 1's while the others may still read chunk j - 1's)
+    # copies chunk j + 1's while the others may still read chunk j - 1's). Here and in sX a
+    # lane's 16 bytes sit beside its neighbours', so a warp's 16-byte accesses meet no bank
+    # conflict (a 64-byte lane stride made each 4-way, kernels/NOTES.md, cute v6)
     sU = smem.allocate_tensor(Float32, cute.make_layout(
-        (WARPS, 3, 32, 2, 4), stride=(768, 256, 8, 4, 1)), byte_alignment=16)
+        (WARPS, 3, 32, 2, 4), stride=(768, 256, 4, 128, 1)), byte_alignment=16)
     sKd = smem.allocate_tensor(Int32, cute.make_layout(
         (WT, 2, NTW, 32, 4), stride=(2 * NTW * 128, NTW * 128, 128, 4, 1)), byte_alignment=16)
     sGL = smem.allocate_tensor(Float32, cute.make_layout(
@@ -456,7 +448,7 @@ def chunk_pass_kernel(
         (WT, 2, 2, 32, 2), stride=(256, 128, 64, 2, 1)), byte_alignment=16)
     # per warp and chunk parity, its partial X (2 token tiles) and o (2 token tiles)
     sX = smem.allocate_tensor(Float32, cute.make_layout(
-        (2, WT, 32, 4, 4), stride=(WT * 512, 512, 16, 4, 1)), byte_alignment=16)
+        (2, WT, 32, 4, 4), stride=(WT * 512, 512, 4, 128, 1)), byte_alignment=16)
     bidx, bidy, bidz = cute.arch.block_idx()
     n = Int64(bidx)
     h = Int64(bidy)
@@ -603,12 +595,13 @@ def chunk_pass_kernel(
                 # step carries none of it (if-converted, it tripled the step's instructions)
                 if inside != 0:
                     for c in cutlass.range(CK, unroll=1):
-                        p = offsets_of(ck_off, ck_idx, n, c, CK) - start
+                        slot = ck_idx[n * CK + c]
+                        p = checkpoint_offset(ck_off, slot, n * CK + c) - start
                         if p > 0:
                             if p < CHUNK:
-                                _interior_checkpoint(pool, wCK, wCD, S, vh, vl, D, Kr, Lr,
-                                                     ck_idx[n * CK + c], (n * CK + c) * H + h,
-                                                     h, H, v0, g, t2, lane, part, K, SPLIT)
+                                _interior_checkpoint(pool, wCK, wCD, S, vh, vl, D, Kr, Lr, slot,
+                                                     (n * CK + c) * H + h, h, H, v0, g, t2,
+                                                     lane, part, K, SPLIT)
                 for nt in cutlass.range_constexpr(NTW):
                     cute.autovec_copy(sGL[warp, buf, nt, lane, None], Lr)
                     d0 = Lr[0]
@@ -628,9 +621,9 @@ def chunk_pass_kernel(
                         vl[0], vl[1], vl[2], vl[3], kh0, kh1, D[0], D[1], D[2], D[3])
                 if at_end != 0:
                     for c in cutlass.range(CK, unroll=1):
-                        if offsets_of(ck_off, ck_idx, n, c, CK) == start + CHUNK:
-                            _store_state(pool, S, ck_idx[n * CK + c], h, H, v0, g, t2, part, K,
-                                         SPLIT)
+                        slot = ck_idx[n * CK + c]
+                        if checkpoint_offset(ck_off, slot, n * CK + c) == start + CHUNK:
+                            _store_state(pool, S, slot, h, H, v0, g, t2, part, K, SPLIT)
             last = final_idx[n]
             if last >= 0:
                 _store_state(pool, S, last, h, H, v0, g, t2, part, K, SPLIT)

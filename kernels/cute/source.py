@@ -193,10 +193,18 @@ def active_checkpoints(ck_off: cute.Tensor, ck_idx: cute.Tensor, n: Int64,
     slots = cute.make_rmem_tensor(cute.make_layout(CK), Int64)
     for c in cutlass.range_constexpr(CK):
         slots[c] = ck_idx[n * CK + c]
-        offsets[c] = Int64(-1)
-        if slots[c] >= 0:
-            offsets[c] = ck_off[n * CK + c]
+        offsets[c] = checkpoint_offset(ck_off, slots[c], n * CK + c)
     return offsets, slots
+
+
+@cute.jit
+def checkpoint_offset(ck_off: cute.Tensor, slot: Int64, at: Int64) -> Int64:
+    """The offset of the checkpoint at metadata index `at` whose slot is `slot`; -1 when the
+    slot is negative (inactive), which no token count matches."""
+    offset = Int64(-1)
+    if slot >= 0:
+        offset = ck_off[at]
+    return offset
 
 
 @cute.jit
