@@ -4,7 +4,8 @@ After validate (kernels/cute/source.py), three kernels on one stream:
 
 * chunk_index: one warp writes each sequence's first 16-token chunk (the exclusive prefix sum
   of ceil(len / 16)) and the batch's chunk count, from metadata validate accepted;
-* chunk_prep: one block of 128 threads per (chunk, head), all chunks at once, straight from
+* chunk_prep: one block of 128 threads per (chunk, head), all chunks of a range of chunk
+  slots at once (kernels/cute/launch.py cuts a call into ranges), straight from
   the caller's q, k, v, g and beta: the input transforms (`log_decay`, the L2 norms, `beta_of`,
   the scale), then in fp32 on CUDA cores the in-chunk cumulative decay G (and the reverse sums
   for the update), A_kk and A_qk (relative to the chunk's eighth token, so no factor
@@ -28,8 +29,11 @@ After validate (kernels/cute/source.py), three kernels on one stream:
   high) on bf16 tensor cores, near fp32 (kernels/NOTES.md, "Precision of a tensor-core chunk
   step"); the output's products run in plain bf16. A checkpoint strictly inside a chunk is
   the update with the prep's checkpoint operands, written from the registers; one at a
-  chunk's end is the updated state. On a non-zero error code the pass only fills its share of
-  the output with NaN and never touches the pool.
+  chunk's end is the updated state. A launch walks the chunks of one range of chunk slots;
+  a sequence crossing the range's end leaves its state in the carry workspace (one per edge:
+  an edge lies inside at most one sequence), where the next range's launch takes it up. On a
+  non-zero error code the first range's pass only fills its share of the output with NaN and
+  no launch touches the pool.
 
 Every address is computed in Int64, as in source.py.
 """
@@ -130,13 +134,13 @@ def chunk_prep_kernel(
     A_log: cute.Tensor, dt_bias: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
     err: cute.Tensor, co: cute.Tensor, ck_off: cute.Tensor, ck_idx: cute.Tensor,
     wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor, wA: cute.Tensor, wU: cute.Tensor,
-    wGL: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, H: Int64, CK: Int64,
+    wGL: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, H: Int64, CK: Int64, base: Int64,
     scale: Float32, lower_bound: Float32, K: cutlass.Constexpr, GATE: cutlass.Constexpr,
     QK_L2NORM: cutlass.Constexpr, BETA_SIGMOID: cutlass.Constexpr,
 ):
     KS = K // 16
     tid = Int64(cute.arch.thread_idx()[0])
-    c = Int64(cute.arch.block_idx()[0])
+    c = base + Int64(cute.arch.block_idx()[0])  # this launch's chunk slots from base
     h = Int64(cute.arch.block_idx()[1])
     smem = SmemAllocator()
     tile = cute.make_layout((CHUNK, PAD), stride=(PAD, 1))
@@ -391,28 +395,54 @@ def _pool_tile(slot: Int64, h: Int64, H: Int64, v0: Int64, g: Int64, t2: Int64, 
 
 
 @cute.jit
-def _store_state(pool: cute.Tensor, S: cute.Tensor, slot: Int64, h: Int64, H: Int64, v0: Int64,
-                 g: Int64, t2: Int64, part: Int64, K: cutlass.Constexpr,
-                 SPLIT: cutlass.Constexpr):
-    """The warp's S^T tiles to pool[slot, h, v0 + g (+ 8), its keys] (V-first layout)."""
+def _clamp(chunk: Int64, chunks: Int64) -> Int64:
+    """`chunk` held within 0 .. chunks."""
+    held = chunk
+    if held < 0:
+        held = Int64(0)
+    if held > chunks:
+        held = chunks
+    return held
+
+
+@cute.jit
+def _load_state(states: cute.Tensor, S: cute.Tensor, slot: Int64, h: Int64, H: Int64,
+                v0: Int64, g: Int64, t2: Int64, part: Int64, K: cutlass.Constexpr,
+                SPLIT: cutlass.Constexpr):
+    """The warp's S^T tiles from states[slot, h, v0 + g (+ 8), its keys] (V-first layout)."""
     NTW = K // 8 // SPLIT
     row = _pool_tile(slot, h, H, v0, g, t2, part, K, SPLIT)
     for nt in cutlass.range_constexpr(NTW):
-        pool[row + nt * 8] = S[nt * 4]
-        pool[row + nt * 8 + 1] = S[nt * 4 + 1]
-        pool[row + 8 * K + nt * 8] = S[nt * 4 + 2]
-        pool[row + 8 * K + nt * 8 + 1] = S[nt * 4 + 3]
+        S[nt * 4] = states[row + nt * 8]
+        S[nt * 4 + 1] = states[row + nt * 8 + 1]
+        S[nt * 4 + 2] = states[row + 8 * K + nt * 8]
+        S[nt * 4 + 3] = states[row + 8 * K + nt * 8 + 1]
+
+
+@cute.jit
+def _store_state(states: cute.Tensor, S: cute.Tensor, slot: Int64, h: Int64, H: Int64,
+                 v0: Int64, g: Int64, t2: Int64, part: Int64, K: cutlass.Constexpr,
+                 SPLIT: cutlass.Constexpr):
+    """The warp's S^T tiles to states[slot, h, v0 + g (+ 8), its keys] (V-first layout: the
+    pool, or the carried edge states)."""
+    NTW = K // 8 // SPLIT
+    row = _pool_tile(slot, h, H, v0, g, t2, part, K, SPLIT)
+    for nt in cutlass.range_constexpr(NTW):
+        states[row + nt * 8] = S[nt * 4]
+        states[row + nt * 8 + 1] = S[nt * 4 + 1]
+        states[row + 8 * K + nt * 8] = S[nt * 4 + 2]
+        states[row + 8 * K + nt * 8 + 1] = S[nt * 4 + 3]
 
 
 @cute.kernel
 def chunk_pass_kernel(
-    out: cute.Tensor, pool: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
+    out: cute.Tensor, pool: cute.Tensor, carry: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
     init_idx: cute.Tensor, final_idx: cute.Tensor, ck_off: cute.Tensor, ck_idx: cute.Tensor,
     err: cute.Tensor, co: cute.Tensor, wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor,
     wA: cute.Tensor, wU: cute.Tensor, wGL: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor,
-    H: Int64,
-    token_capacity: Int64, meta_capacity: Int64, K: cutlass.Constexpr, CK: cutlass.Constexpr,
-    WARPS: cutlass.Constexpr, SPLIT: cutlass.Constexpr,
+    H: Int64, token_capacity: Int64, meta_capacity: Int64, edge: Int64, chunk_lo: Int64,
+    chunk_hi: Int64, K: cutlass.Constexpr, CK: cutlass.Constexpr, WARPS: cutlass.Constexpr,
+    SPLIT: cutlass.Constexpr,
 ):
     KS = K // 16
     KSW = KS // SPLIT  # the warp's key steps of 16
@@ -455,12 +485,24 @@ def chunk_pass_kernel(
     v0 = (Int64(bidz) * WARPS + group) * PASS_COLUMNS
     if err[0] != 0:
         if part == 0:
-            _fill_nan(out, n, h, v0, lane, H, token_capacity, meta_capacity, K)
+            if edge == 0:  # the first range's launch
+                _fill_nan(out, n, h, v0, lane, H, token_capacity, meta_capacity, K)
     else:
         if n < Int64(live[0]):
             bos = cu[n]
             length = cu[n + 1] - bos
             first = co[n]
+            chunks = _chunks(length)
+            # this launch's share of the sequence: its chunks within global chunks
+            # [chunk_lo, chunk_hi); a sequence of no chunks belongs to the first range
+            lo = _clamp(chunk_lo - first, chunks)
+            hi = _clamp(chunk_hi - first, chunks)
+            mine = Int32(0)
+            if lo < hi:
+                mine = Int32(1)
+            if chunks == 0:
+                if edge == 0:
+                    mine = Int32(1)
             S = cute.make_rmem_tensor(cute.make_layout(NTW * 4), Float32)
             X = cute.make_rmem_tensor(cute.make_layout(8), Float32)
             E = cute.make_rmem_tensor(cute.make_layout(8), Float32)
@@ -479,24 +521,23 @@ def chunk_pass_kernel(
             offsets, _ = active_checkpoints(ck_off, ck_idx, n, CK)
             for i in cutlass.range_constexpr(NTW * 4):
                 S[i] = Float32(0.0)
-            init = init_idx[n]
-            if init >= 0:
-                row = _pool_tile(init, h, H, v0, g, t2, part, K, SPLIT)
-                for nt in cutlass.range_constexpr(NTW):
-                    S[nt * 4] = pool[row + nt * 8]
-                    S[nt * 4 + 1] = pool[row + nt * 8 + 1]
-                    S[nt * 4 + 2] = pool[row + 8 * K + nt * 8]
-                    S[nt * 4 + 3] = pool[row + 8 * K + nt * 8 + 1]
-            chunks = _chunks(length)
-            if chunks > 0:
+            if mine != 0:
+                if lo == 0:
+                    init = init_idx[n]
+                    if init >= 0:
+                        _load_state(pool, S, init, h, H, v0, g, t2, part, K, SPLIT)
+                else:  # where the range before this one left the state (edge - 1's carry)
+                    _load_state(carry, S, edge - 1, h, H, v0, g, t2, part, K, SPLIT)
+            if lo < hi:
                 _copy_operands(wW, wQ, wU, wKd, wGL, wA, sW, sQ, sU, sKd, sGL, sA,
-                               first * H + h, warp, 0, 0, lane, t2, part, v0, K, SPLIT)
-            for j in cutlass.range(chunks):
+                               (first + lo) * H + h, warp, lo % 2, lo % 3, lane, t2, part, v0,
+                               K, SPLIT)
+            for j in cutlass.range(lo, hi):
                 sh = (first + j) * H + h
                 start = j * CHUNK
                 rows = length - start
                 buf = j % 2
-                if j + 1 < chunks:  # the next chunk's records, copied during this one
+                if j + 1 < hi:  # the next chunk's records, copied during this one
                     _copy_operands(wW, wQ, wU, wKd, wGL, wA, sW, sQ, sU, sKd, sGL, sA, sh + H,
                                    warp, 1 - buf, (j + 1) % 3, lane, t2, part, v0, K, SPLIT)
                     cute.arch.cp_async_wait_group(1)  # this chunk's are in
@@ -624,9 +665,13 @@ def chunk_pass_kernel(
                         slot = ck_idx[n * CK + c]
                         if checkpoint_offset(ck_off, slot, n * CK + c) == start + CHUNK:
                             _store_state(pool, S, slot, h, H, v0, g, t2, part, K, SPLIT)
-            last = final_idx[n]
-            if last >= 0:
-                _store_state(pool, S, last, h, H, v0, g, t2, part, K, SPLIT)
+            if mine != 0:
+                if hi == chunks:
+                    last = final_idx[n]
+                    if last >= 0:
+                        _store_state(pool, S, last, h, H, v0, g, t2, part, K, SPLIT)
+                else:  # a range edge lies inside at most one sequence: its state in carry
+                    _store_state(carry, S, edge, h, H, v0, g, t2, part, K, SPLIT)
 
 
 @cute.jit
@@ -669,27 +714,32 @@ def kda_chunk_prep(
     A_log: cute.Tensor, dt_bias: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
     err: cute.Tensor, co: cute.Tensor, ck_off: cute.Tensor, ck_idx: cute.Tensor,
     wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor, wA: cute.Tensor, wU: cute.Tensor,
-    wGL: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, H: Int64, CK: Int64, slots: Int64,
-    scale: Float32, lower_bound: Float32, stream, K: cutlass.Constexpr,
+    wGL: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, H: Int64, CK: Int64, base: Int64,
+    count: Int64, scale: Float32, lower_bound: Float32, stream, K: cutlass.Constexpr,
     GATE: cutlass.Constexpr, QK_L2NORM: cutlass.Constexpr, BETA_SIGMOID: cutlass.Constexpr,
 ):
+    """Chunk slots base .. base + count - 1 of every head."""
     chunk_prep_kernel(q, k, v, g, beta, A_log, dt_bias, cu, live, err, co, ck_off, ck_idx, wW,
-                      wQ, wKd, wA, wU, wGL, wCK, wCD, H, CK, scale, lower_bound, K, GATE,
+                      wQ, wKd, wA, wU, wGL, wCK, wCD, H, CK, base, scale, lower_bound, K, GATE,
                       QK_L2NORM, BETA_SIGMOID).launch(
-        grid=(Int32(slots), Int32(H), 1), block=(PREP_THREADS, 1, 1), stream=stream)
+        grid=(Int32(count), Int32(H), 1), block=(PREP_THREADS, 1, 1), stream=stream)
 
 
 @cute.jit
 def kda_chunk_pass(
-    out: cute.Tensor, pool: cute.Tensor, cu: cute.Tensor, live: cute.Tensor,
-    init_idx: cute.Tensor, final_idx: cute.Tensor, ck_off: cute.Tensor, ck_idx: cute.Tensor,
-    err: cute.Tensor, co: cute.Tensor, wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor,
-    wA: cute.Tensor, wU: cute.Tensor, wGL: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor,
-    H: Int64, token_capacity: Int64, meta_capacity: Int64, stream, K: cutlass.Constexpr,
-    CK: cutlass.Constexpr, WARPS: cutlass.Constexpr, SPLIT: cutlass.Constexpr,
+    out: cute.Tensor, pool: cute.Tensor, carry: cute.Tensor, cu: cute.Tensor,
+    live: cute.Tensor, init_idx: cute.Tensor, final_idx: cute.Tensor, ck_off: cute.Tensor,
+    ck_idx: cute.Tensor, err: cute.Tensor, co: cute.Tensor, wW: cute.Tensor, wQ: cute.Tensor,
+    wKd: cute.Tensor, wA: cute.Tensor, wU: cute.Tensor, wGL: cute.Tensor, wCK: cute.Tensor,
+    wCD: cute.Tensor, H: Int64, token_capacity: Int64, meta_capacity: Int64, edge: Int64,
+    chunk_lo: Int64, chunk_hi: Int64, stream, K: cutlass.Constexpr, CK: cutlass.Constexpr,
+    WARPS: cutlass.Constexpr, SPLIT: cutlass.Constexpr,
 ):
-    chunk_pass_kernel(out, pool, cu, live, init_idx, final_idx, ck_off, ck_idx, err, co, wW,
-                      wQ, wKd, wA, wU, wGL, wCK, wCD, H, token_capacity, meta_capacity, K, CK,
-                      WARPS, SPLIT).launch(
+    """The pass over global chunks chunk_lo .. chunk_hi - 1, the edge-th range: a sequence
+    entering it from the range before starts from carry[edge - 1], one leaving it ends in
+    carry[edge]."""
+    chunk_pass_kernel(out, pool, carry, cu, live, init_idx, final_idx, ck_off, ck_idx, err, co,
+                      wW, wQ, wKd, wA, wU, wGL, wCK, wCD, H, token_capacity, meta_capacity,
+                      edge, chunk_lo, chunk_hi, K, CK, WARPS, SPLIT).launch(
         grid=(Int32(meta_capacity), Int32(H), K // (PASS_COLUMNS * WARPS)),
         block=(32 * WARPS * SPLIT, 1, 1), stream=stream)

@@ -76,13 +76,14 @@ def _arguments(variant: Variant) -> tuple[object, list]:
         inputs = [_flat(dt["qk"]), _flat(dt["qk"]), _flat(dt["v"]), _flat(dt["g"]),
                   _flat(dt["beta"]), _flat(dt["gp"]), _flat(dt["gp"])]
         return chunk_source.kda_chunk_prep, [*inputs, *metadata, *checkpoints, *chunk_ws, i64,
-                                             i64, i64, cutlass.Float32(0), cutlass.Float32(0),
-                                             stream, *_transform_constants(const)]
+                                             i64, i64, i64, cutlass.Float32(0),
+                                             cutlass.Float32(0), stream,
+                                             *_transform_constants(const)]
     if variant.kernel == "chunk_pass":
-        tensors = [_flat(dt["out"]), _flat(F32), _flat(I64), _flat(I32), _flat(I64),
-                   _flat(I64), *checkpoints, _flat(I32), _flat(I64), *chunk_ws]
-        return chunk_source.kda_chunk_pass, [*tensors, i64, i64, i64, stream, const["K"],
-                                             const["CK"], const["W"], const["S"]]
+        tensors = [_flat(dt["out"]), _flat(F32), _flat(F32), _flat(I64), _flat(I32),
+                   _flat(I64), _flat(I64), *checkpoints, _flat(I32), _flat(I64), *chunk_ws]
+        return chunk_source.kda_chunk_pass, [*tensors, i64, i64, i64, i64, i64, i64, stream,
+                                             const["K"], const["CK"], const["W"], const["S"]]
     raise ValueError(f"unknown kernel {variant.kernel!r}")
 
 

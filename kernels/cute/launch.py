@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..config import Caps, CuteConfig
+from ..streams import side_stream
 from .runtime import library_for
 from .variants import (
     ALGORITHMS,
@@ -28,6 +29,14 @@ from .variants import (
 )
 
 MIN_CAPABILITY = (8, 0)
+# The chunk algorithm's preparation and pass run over ranges of chunk slots, each range's pass
+# on a side stream overlapping the next range's preparation (kernels/NOTES.md, cute v7): one
+# range per CHUNKS_PER_RANGE_* 16-token chunks of a sequence slot (the pass already runs the
+# slots side by side), at most RANGES (chunk_carry's rows). Under CUDA-graph capture a launch
+# costs nothing on replay; eager, each range adds two launches and an event of host time.
+RANGES = 8
+CHUNKS_PER_RANGE_CAPTURED = 128
+CHUNKS_PER_RANGE_EAGER = 512
 
 
 def device_ineligibility(device: torch.device) -> list[str]:
@@ -71,7 +80,7 @@ def _chunk_workspaces(caps: Caps, device: torch.device) -> dict[str, torch.Tenso
     """Per (chunk, head): W and kd as split bf16 pairs, qg and A_qk as bf16 pairs (int32, in
     the pass's operand order), U (in the pass's accumulator order) and e^G_last [K] in fp32;
     per (sequence, checkpoint, head): an interior checkpoint's key records (as kd) and e^G_p;
-    the chunk index."""
+    the chunk index; per range edge, the state carried across it ([RANGES, H, V, K])."""
     units = chunk_slots(caps.max_tokens, caps.max_seqs) * caps.num_heads
     checkpoints = caps.max_seqs * caps.max_checkpoints * caps.num_heads
     k = caps.head_dim
@@ -87,6 +96,8 @@ def _chunk_workspaces(caps: Caps, device: torch.device) -> dict[str, torch.Tenso
         "checkpoint_K": torch.empty(checkpoints * CHUNK * k, **i32),
         "checkpoint_G": torch.empty(checkpoints * k, **f32),
         "chunk_index": torch.zeros(caps.max_seqs + 1, dtype=torch.int64, device=device),
+        # the state where one range's pass leaves the sequence across its end edge
+        "chunk_carry": torch.empty(RANGES * caps.num_heads * k * k, **f32),
     }
 
 
@@ -197,9 +208,22 @@ def _run_recurrence(binding, kernels, metadata) -> None:
                *transformed, *metadata, plan.error_code, H, binding.out.shape[0], m)
 
 
+def range_count(slots: int, meta_capacity: int, capturing: bool) -> int:
+    """How many ranges the chunk algorithm cuts `slots` chunk slots into: one per
+    CHUNKS_PER_RANGE_* chunks of a sequence slot, at least 1, at most RANGES."""
+    per_range = CHUNKS_PER_RANGE_CAPTURED if capturing else CHUNKS_PER_RANGE_EAGER
+    per_slot = slots // max(meta_capacity, 1)
+    return max(1, min(RANGES, per_slot // per_range))
+
+
 def _run_chunked(binding, kernels, metadata) -> None:
-    """The chunk index, the preparation of every (chunk, head) from the raw inputs, and the
-    pass."""
+    """The chunk index, then per range of chunk slots (range_count) the preparation of every
+    (chunk, head) in it from the raw inputs and its pass; with more than one range, each
+    range's pass runs on a side stream behind an event, overlapping the next range's
+    preparation. Nothing waits on memory, so no scheduling order can deadlock, and a CUDA
+    graph captures the fork and the join."""
+    import tvm_ffi
+
     index, prep, chunk_pass = kernels
     plan = binding.plan
     ws, H, m = plan.workspaces, plan.caps.num_heads, binding.cu_seqlens.numel() - 1
@@ -211,10 +235,31 @@ def _run_chunked(binding, kernels, metadata) -> None:
                 ws["chunk_U"].view(-1, 8), ws["chunk_GL"].view(-1, 2),
                 ws["checkpoint_K"].view(-1, 4), ws["checkpoint_G"].view(-1, 2))
     index(cu, live, plan.error_code, co)
+    slots = chunk_slots(tokens, m)
+    ranges = 1
     if tokens:
-        q, k, g, beta, a_log, dt_bias = _inputs(binding)
-        prep(q, k, binding.v.view(-1), g, beta, a_log, dt_bias, cu, live, plan.error_code, co,
-             ck_off, ck_idx, *chunk_ws, H, plan.caps.max_checkpoints, chunk_slots(tokens, m),
-             binding.scale, float(plan.caps.lower_bound))
-    chunk_pass(binding.out.view(-1), binding.state_pool.view(-1), *metadata, plan.error_code,
-               co, *chunk_ws, H, binding.out.shape[0], m)
+        ranges = range_count(slots, m, torch.cuda.is_current_stream_capturing())
+        ranges = max(1, min(ranges, RANGES, slots))
+    size = max(1, -(-slots // ranges))
+    main = torch.cuda.current_stream(binding.q.device)
+    side = side_stream(binding.q.device) if ranges > 1 else None
+    q, k, g, beta, a_log, dt_bias = _inputs(binding)
+    for edge, chunk_lo in enumerate(range(0, slots, size)):
+        chunk_hi = min(chunk_lo + size, slots)
+        if tokens:
+            prep(q, k, binding.v.view(-1), g, beta, a_log, dt_bias, cu, live,
+                 plan.error_code, co, ck_off, ck_idx, *chunk_ws, H, plan.caps.max_checkpoints,
+                 chunk_lo, chunk_hi - chunk_lo, binding.scale, float(plan.caps.lower_bound))
+        arguments = (binding.out.view(-1), binding.state_pool.view(-1), ws["chunk_carry"],
+                     *metadata, plan.error_code, co, *chunk_ws, H, binding.out.shape[0], m,
+                     edge, chunk_lo, chunk_hi)
+        if side is None:
+            chunk_pass(*arguments)
+            continue
+        ready = torch.cuda.Event()
+        ready.record(main)
+        side.wait_event(ready)
+        with tvm_ffi.use_torch_stream(torch.cuda.stream(side)):
+            chunk_pass(*arguments)
+    if side is not None:
+        main.wait_stream(side)

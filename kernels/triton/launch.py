@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..streams import side_stream
 from .prefill import kda_checkpoint_kernel, kda_output_kernel, kda_state_pass_kernel
 from .prepare import kda_chunk_prepare_kernel
 from .prepare_blocks import (
@@ -266,18 +267,12 @@ def split_range_count(bound_slots: int, meta_capacity: int, capturing: bool) -> 
     return max(1, min(SPLIT_RANGES, per_slot // per_range))
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
 def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """One side stream per CUDA device for the split pipeline's pass; None off CUDA (the
+    """The device's side stream for the split pipeline's pass; None off CUDA (the
     interpreter)."""
     if device.type != "cuda" or interpreted():
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return _SIDE_STREAMS[index]
+    return side_stream(device)
 
 
 def _split_stage_one(binding, stride_slots: int, chunk_base: int, count: int) -> None:

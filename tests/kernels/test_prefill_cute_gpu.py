@@ -21,8 +21,10 @@ import torch
 from kdabench.inputs import make_inputs
 from kdabench.kernels import Caps, MetadataFault, bind, ineligibility, kda_prefill, plan, run
 from kdabench.kernels.config import CuteConfig
+from kdabench.kernels.cute import launch as cute_launch
 from kdabench.kernels.cute.variants import KEY_SPLITS, key_split_divides
 from kdabench.oracles import recurrent_kda, relative_error
+from kdabench.oracles.metadata import expected_error_code
 
 pytestmark = pytest.mark.gpu
 
@@ -93,15 +95,19 @@ def prepared(case_id: str):
 
 def cute_prefill(x, tensors: dict, pool: torch.Tensor, config: CuteConfig):
     """One call of the cute backend with `config` on inputs x (plan, bind, run)."""
+    return run(cute_binding(x, tensors, pool, config))
+
+
+def cute_binding(x, tensors: dict, pool: torch.Tensor, config: CuteConfig):
+    """The cute backend planned with `config` for inputs x and bound to them."""
     capacity = 1 if tensors["checkpoint_offsets"].dim() == 1 \
         else tensors["checkpoint_offsets"].shape[1]
     caps = Caps(device=DEVICE, num_heads=x.q.shape[1], head_dim=x.q.shape[2],
                 max_tokens=x.q.shape[0], max_seqs=len(x.lengths), max_state_slots=pool.shape[0],
                 max_checkpoints=capacity, gate=x.gate, lower_bound=x.lower_bound,
                 qk_l2norm=x.qk_l2norm, beta_sigmoid=x.beta_sigmoid, backend="cute")
-    binding = bind(plan(caps, config=config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
-                   **tensors, A_log=x.A_log, dt_bias=x.dt_bias)
-    return run(binding)
+    return bind(plan(caps, config=config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                **tensors, A_log=x.A_log, dt_bias=x.dt_bias)
 
 
 def test_the_default_is_the_chunk_algorithm():
@@ -193,6 +199,98 @@ def test_cuda_graph_replays_with_new_metadata(config):
         for c in range(4):
             slot = int(binding.checkpoint_state_indices[m, c])
             assert relative_error(ref.prefix_states[m][c], pool[slot]) <= STATE_TOL
+
+
+# Ranges of the chunk algorithm: 1,064 tokens in 72 chunk slots, an empty sequence and a
+# one-token one among them; 2, 3 and 7 ranges put edges inside the first, third and last
+# sequences, around a checkpoint and on both sides of it.
+RANGE_LENGTHS = [300, 0, 513, 1, 250]
+RANGE_OFFSETS = [[16, 150, 176, 299], [1, 1, 1, 1], [1, 176, 177, 512], [1, 1, 1, 1],
+                 [15, 32, 200, 249]]
+RANGE_SLOTS = [[10 + 4 * m + c if RANGE_LENGTHS[m] > 1 else -1 for c in range(4)]
+               for m in range(5)]
+
+
+def range_case():
+    """Inputs, metadata (initial slots 0-4, final 5-9) and a pool for the ranges tests."""
+    n = len(RANGE_LENGTHS)
+    x = make_inputs(RANGE_LENGTHS, 4, 128, gate="softplus", seed=5, device=DEVICE)
+    i32 = {"dtype": torch.int32, "device": DEVICE}
+    tensors = {"cu_seqlens": x.cu_seqlens.to(**i32),
+               "initial_state_indices": torch.arange(n, **i32),
+               "final_state_indices": torch.arange(n, 2 * n, **i32),
+               "checkpoint_offsets": torch.tensor(RANGE_OFFSETS, **i32),
+               "checkpoint_state_indices": torch.tensor(RANGE_SLOTS, **i32)}
+    pool = torch.full((10 + 4 * n, 4, 128, 128), SENTINEL, device=DEVICE)
+    pool[:n] = x.initial_state
+    assert expected_error_code(x.cu_seqlens.tolist(), n, list(range(n)),
+                               list(range(n, 2 * n)), RANGE_OFFSETS, RANGE_SLOTS,
+                               pool.shape[0], x.q.shape[0]) == 0
+    return x, tensors, pool
+
+
+def force_ranges(monkeypatch, count: int) -> None:
+    """The chunk algorithm cuts the next calls' chunk slots into `count` ranges."""
+    monkeypatch.setattr(cute_launch, "range_count", lambda *_: count)
+
+
+def ranged_call(x, tensors: dict, pool: torch.Tensor, captured: bool):
+    """One call of the default chunk config; captured: eager once, then a CUDA graph of it
+    replayed on the pool as it was."""
+    binding = cute_binding(x, tensors, pool, CuteConfig())
+    start = pool.clone()
+    result = run(binding)
+    if captured:
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            run(binding)
+        pool.copy_(start)
+        binding.out.zero_()
+        graph.replay()
+    torch.cuda.synchronize()
+    assert int(binding.plan.error_code) == 0, result.message()
+    return binding.out.clone()
+
+
+@pytest.mark.parametrize("captured", [False, True])
+@pytest.mark.parametrize("ranges", [2, 3, 7])
+def test_chunk_ranges_equal_one_range_bit_for_bit(ranges, captured, monkeypatch):
+    """Cut into ranges (each range's pass on the side stream, the state carried across each
+    edge), the chunk algorithm's output, final states and checkpoints equal one range's bit
+    for bit, eager and replayed, and match the float64 recurrence."""
+    x, tensors, pool = range_case()
+    outputs, pools = {}, {}
+    for count in (1, ranges):
+        force_ranges(monkeypatch, count)
+        pools[count] = pool.clone()
+        outputs[count] = ranged_call(x, tensors, pools[count], captured)
+    assert torch.equal(outputs[1], outputs[ranges])
+    assert torch.equal(pools[1], pools[ranges])
+    active = [[o for o, s in zip(row, srow, strict=True) if s >= 0]
+              for row, srow in zip(RANGE_OFFSETS, RANGE_SLOTS, strict=True)]
+    ref = recurrent_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens.tolist(),
+                        initial_state=x.initial_state, prefix_lengths=active, device=DEVICE,
+                        **x.gate_kwargs())
+    n, got = len(RANGE_LENGTHS), pools[ranges]
+    assert relative_error(ref.o, outputs[ranges]) <= OUTPUT_TOL
+    assert relative_error(ref.final_state, got[n: 2 * n]) <= CHUNK_STATE_TOL
+    for m in range(n):
+        for c, slot in enumerate(s for s in RANGE_SLOTS[m] if s >= 0):
+            assert relative_error(ref.prefix_states[m][c], got[slot]) <= CHUNK_STATE_TOL
+
+
+def test_chunk_ranges_fault_leaves_pool_untouched(monkeypatch):
+    """A fault under three ranges: the error reported, the output NaN, the pool unchanged."""
+    force_ranges(monkeypatch, 3)
+    x, tensors, pool = range_case()
+    tensors["final_state_indices"][1] = tensors["final_state_indices"][0]  # one slot twice
+    before = pool.clone()
+    result = cute_prefill(x, tensors, pool, CuteConfig())
+    assert int(result.error_code) & int(MetadataFault.DUPLICATE_WRITE_SLOT)
+    assert torch.equal(pool, before)
+    assert torch.isnan(result.o).all()
 
 
 def test_agrees_with_the_triton_backend():
