@@ -30,13 +30,16 @@ from .variants import (
 
 MIN_CAPABILITY = (8, 0)
 # The chunk algorithm's preparation and pass run over ranges of chunk slots, each range's pass
-# on a side stream overlapping the next range's preparation (kernels/NOTES.md, cute v7): one
-# range per CHUNKS_PER_RANGE_* 16-token chunks of a sequence slot (the pass already runs the
-# slots side by side), at most RANGES (chunk_carry's rows). Under CUDA-graph capture a launch
-# costs nothing on replay; eager, each range adds two launches and an event of host time.
+# on a side stream overlapping the next range's preparation (kernels/NOTES.md, cute v7). H100,
+# key split 4, graph replay: two ranges take 7-9% off one long sequence (8192, 32768 and 65536
+# tokens at 8 heads); four or eight gain less or lose (the pass slows beside the preparation);
+# at 4 sequences of 2048 two ranges cost 26% (a range's pass holds fewer sequences); eager,
+# two ranges lost at 8192 and 65536 tokens. So: two ranges under capture where a sequence slot
+# holds at least CHUNKS_PER_RANGE chunks per range, else one; RANGES edge states (chunk_carry's
+# rows) bound what a caller may force.
 RANGES = 8
-CHUNKS_PER_RANGE_CAPTURED = 128
-CHUNKS_PER_RANGE_EAGER = 512
+POLICY_RANGES = 2
+CHUNKS_PER_RANGE = 256
 
 
 def device_ineligibility(device: torch.device) -> list[str]:
@@ -209,11 +212,13 @@ def _run_recurrence(binding, kernels, metadata) -> None:
 
 
 def range_count(slots: int, meta_capacity: int, capturing: bool) -> int:
-    """How many ranges the chunk algorithm cuts `slots` chunk slots into: one per
-    CHUNKS_PER_RANGE_* chunks of a sequence slot, at least 1, at most RANGES."""
-    per_range = CHUNKS_PER_RANGE_CAPTURED if capturing else CHUNKS_PER_RANGE_EAGER
+    """How many ranges the chunk algorithm cuts `slots` chunk slots into: under CUDA-graph
+    capture one per CHUNKS_PER_RANGE chunks of a sequence slot, at most POLICY_RANGES; eager,
+    one."""
+    if not capturing:
+        return 1
     per_slot = slots // max(meta_capacity, 1)
-    return max(1, min(RANGES, per_slot // per_range))
+    return max(1, min(POLICY_RANGES, per_slot // CHUNKS_PER_RANGE))
 
 
 def _run_chunked(binding, kernels, metadata) -> None:

@@ -9,6 +9,7 @@ import torch
 
 from kdabench.kernels import Caps, KdaConfigError, kda_prefill, plan, resolve_config
 from kdabench.kernels.config import CuteConfig
+from kdabench.kernels.cute import launch as cute_launch
 from kdabench.oracles.metadata import expected_error_code
 
 CUTE_ON_CPU = Caps(device="cpu", num_heads=2, head_dim=64, max_tokens=16, max_seqs=1,
@@ -93,3 +94,13 @@ def test_chunk_edge_metadata_is_accepted():
                                cute_chunk_edges.OFFSETS, cute_chunk_edges.SLOTS,
                                cute_chunk_edges.NUM_SLOTS, cu[-1])
     assert code == 0
+
+
+def test_chunk_ranges_follow_the_measured_policy():
+    """Two ranges only under capture with one long sequence per slot (kernels/NOTES.md, cute
+    v7): 8192 tokens in one sequence, not four of 2048, nor 64 of 512, nor eager."""
+    assert cute_launch.range_count(cute_launch.chunk_slots(8192, 1), 1, True) == 2
+    assert cute_launch.range_count(cute_launch.chunk_slots(65536, 1), 1, True) == 2
+    assert cute_launch.range_count(cute_launch.chunk_slots(8192, 4), 4, True) == 1
+    assert cute_launch.range_count(cute_launch.chunk_slots(32768, 64), 64, True) == 1
+    assert cute_launch.range_count(cute_launch.chunk_slots(65536, 1), 1, False) == 1
