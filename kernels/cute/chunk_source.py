@@ -1,6 +1,8 @@
 """The cute backend's chunked algorithm on tensor cores (`CuteConfig.algorithm == "chunk"`).
 
-After validate (kernels/cute/source.py), three kernels on one stream:
+After validate (kernels/cute/source.py), three kernels (the preparation and the pass once per
+range of chunk slots, each range's pass on a side stream when a call has several:
+kernels/cute/launch.py):
 
 * chunk_index: one warp writes each sequence's first 16-token chunk (the exclusive prefix sum
   of ceil(len / 16)) and the batch's chunk count, from metadata validate accepted;

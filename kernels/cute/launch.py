@@ -3,9 +3,9 @@
 Metadata is copied into the plan's int64 workspaces first (so one compiled variant serves
 int32 and int64 callers), the error code is zeroed, then validate and the algorithm's kernels
 (CuteConfig.algorithm: the recurrence's input transforms and state pass, or the chunk index,
-the chunk preparation with the transforms folded in, and the pass) run on torch's current
-stream: no host sync, no allocation, capturable
-in a CUDA graph.
+the chunk preparation with the transforms folded in, and the pass, per range of chunk slots)
+run on torch's current stream, a ranged call's passes on a side stream joined before it
+returns: no host sync, no allocation, capturable in a CUDA graph.
 """
 
 from __future__ import annotations
