@@ -128,14 +128,21 @@ def assert_matches_recurrence(x, tensors: dict, pool: torch.Tensor, offsets, slo
     the active (offset, slot) pairs against the float64 recurrence."""
     result = cute_prefill(x, tensors, pool, CONFIGS[config])
     assert int(result.error_code) == 0, result.message()
+    state_tol = CHUNK_STATE_TOL if CONFIGS[config].algorithm == "chunk" else STATE_TOL
+    assert_outputs_match_recurrence(x, result.o, pool, offsets, slots, state_tol)
+
+
+def assert_outputs_match_recurrence(x, out: torch.Tensor, pool: torch.Tensor, offsets, slots,
+                                    state_tol: float):
+    """A call's output, final states (pool[n:2n]) and the checkpoints of the active (offset,
+    slot) pairs against the float64 recurrence."""
     active = [[o for o, s in zip(row, srow, strict=True) if s >= 0]
               for row, srow in zip(offsets, slots, strict=True)]
-    state_tol = CHUNK_STATE_TOL if CONFIGS[config].algorithm == "chunk" else STATE_TOL
     ref = recurrent_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens.tolist(),
                         initial_state=x.initial_state, prefix_lengths=active, device=DEVICE,
                         **x.gate_kwargs())
     n = len(x.lengths)
-    assert relative_error(ref.o, result.o) <= OUTPUT_TOL
+    assert relative_error(ref.o, out) <= OUTPUT_TOL
     assert relative_error(ref.final_state, pool[n: 2 * n]) <= state_tol
     for m in range(n):
         live = [s for s in slots[m] if s >= 0]
@@ -268,17 +275,8 @@ def test_chunk_ranges_equal_one_range_bit_for_bit(ranges, captured, monkeypatch)
         outputs[count] = ranged_call(x, tensors, pools[count], captured)
     assert torch.equal(outputs[1], outputs[ranges])
     assert torch.equal(pools[1], pools[ranges])
-    active = [[o for o, s in zip(row, srow, strict=True) if s >= 0]
-              for row, srow in zip(RANGE_OFFSETS, RANGE_SLOTS, strict=True)]
-    ref = recurrent_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens.tolist(),
-                        initial_state=x.initial_state, prefix_lengths=active, device=DEVICE,
-                        **x.gate_kwargs())
-    n, got = len(RANGE_LENGTHS), pools[ranges]
-    assert relative_error(ref.o, outputs[ranges]) <= OUTPUT_TOL
-    assert relative_error(ref.final_state, got[n: 2 * n]) <= CHUNK_STATE_TOL
-    for m in range(n):
-        for c, slot in enumerate(s for s in RANGE_SLOTS[m] if s >= 0):
-            assert relative_error(ref.prefix_states[m][c], got[slot]) <= CHUNK_STATE_TOL
+    assert_outputs_match_recurrence(x, outputs[ranges], pools[ranges], RANGE_OFFSETS,
+                                    RANGE_SLOTS, CHUNK_STATE_TOL)
 
 
 def test_chunk_ranges_fault_leaves_pool_untouched(monkeypatch):
