@@ -34,8 +34,12 @@ def _archs(value: str) -> list[str]:
 @click.option("--check", "check_only", is_flag=True,
               help="Compile nothing: check the builds already in DIR (manifest, sources, "
               "file hashes, every function exported and loadable).")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Variants compiled at once, each in its own process (default: the CPUs "
+              "this process may use; 1 compiles in this process).")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifests and problems as JSON.")
-def build_kernels(arch_list: str, out_dir: Path | None, check_only: bool, as_json: bool) -> None:
+def build_kernels(arch_list: str, out_dir: Path | None, check_only: bool, jobs: int | None,
+                  as_json: bool) -> None:
     """Compile the CuTe DSL kernels of the cute backend for GPU targets, on any machine.
 
     Needs the DSL (pip install 'kdabench[cute]') and a C compiler, not a GPU. Per arch it
@@ -64,7 +68,8 @@ def build_kernels(arch_list: str, out_dir: Path | None, check_only: bool, as_jso
             for arch in archs:
                 progress.update(task, description=f"compiling for {arch}")
                 try:
-                    build_arch(arch, folder, progress=lambda _v: progress.advance(task))
+                    build_arch(arch, folder, progress=lambda _v: progress.advance(task),
+                               jobs=jobs)
                 except BuildError as error:
                     raise UserError(str(error)) from error
     results = {arch: check_build(folder, arch) for arch in archs}

@@ -13,11 +13,14 @@ import ctypes
 import datetime as dt
 import hashlib
 import json
+import multiprocessing
+import os
 import platform
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 
@@ -58,30 +61,52 @@ def _compiler() -> str:
     raise BuildError("no C compiler (cc, gcc or clang) on PATH to link the shared library")
 
 
+def default_jobs() -> int:
+    """The CPUs this process may run on: how many variants a build compiles at once."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _compile_object(variant: Variant, arch: str, path: str) -> None:
+    """Compile `variant` for `arch` and export it to the object file `path` (a worker's job)."""
+    from .compile import compile_variant
+
+    compile_variant(variant, arch).export_to_c(path, function_name=variant.name)
+
+
 def build_arch(arch: str, out_dir: Path, variants: Sequence[Variant] | None = None,
-               progress: Callable[[Variant], None] | None = None) -> dict:
-    """Compile every variant for `arch` into `out_dir/arch`; return the manifest written."""
+               progress: Callable[[Variant], None] | None = None,
+               jobs: int | None = None) -> dict:
+    """Compile every variant for `arch` into `out_dir/arch`, `jobs` variants at once in worker
+    processes (default: default_jobs(); 1 compiles in this process); return the manifest
+    written."""
     if arch not in SUPPORTED_ARCHS:
         raise BuildError(f"unknown arch {arch!r} (one of {', '.join(SUPPORTED_ARCHS)})")
     try:
-        from .compile import compile_variant, dsl_version
+        from .compile import dsl_version
     except ImportError as exc:
         raise BuildError(f"the CuTe DSL is not installed ({exc}); pip install "
                          "'kdabench[cute]'") from exc
     variants = list(aot_variants() if variants is None else variants)
+    jobs = max(1, min(default_jobs() if jobs is None else jobs, len(variants)))
     target = Path(out_dir) / arch
     target.mkdir(parents=True, exist_ok=True)
-    functions = {}
     with tempfile.TemporaryDirectory(prefix="kdabench-cute-") as scratch:
-        objects = []
-        for variant in variants:
-            compiled = compile_variant(variant, arch)
-            obj = Path(scratch) / f"{variant.name}.o"
-            compiled.export_to_c(str(obj), function_name=variant.name)
-            objects.append(str(obj))
-            functions[variant.name] = asdict(variant)
-            if progress is not None:
-                progress(variant)
+        objects = [str(Path(scratch) / f"{variant.name}.o") for variant in variants]
+        if jobs == 1:
+            for variant, obj in zip(variants, objects, strict=True):
+                _compile_object(variant, arch, obj)
+                if progress is not None:
+                    progress(variant)
+        else:  # spawned workers: each compiles in its own process (MLIR, the DSL's state)
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+                pending = {pool.submit(_compile_object, variant, arch, obj): variant
+                           for variant, obj in zip(variants, objects, strict=True)}
+                for done in as_completed(pending):
+                    done.result()
+                    if progress is not None:
+                        progress(pending[done])
+        functions = {variant.name: asdict(variant) for variant in variants}
         library = target / LIBRARY_NAME
         dsl_lib, ffi_lib = _dsl_lib_dir(), _tvm_ffi_lib_dir()
         command = [_compiler(), "-shared", "-o", str(library), *objects,

@@ -18,6 +18,12 @@ def test_unknown_arch_is_bad_input():
     assert "unknown sm_80" in result.output
 
 
+def test_zero_jobs_is_bad_input():
+    result = invoke("--jobs", "0", "--arch", "sm_90a")
+    assert result.exit_code == 2
+    assert "--jobs" in result.output
+
+
 def test_check_of_an_empty_folder_is_a_finding(tmp_path):
     result = invoke("--check", "--arch", "sm_90a", "--out", str(tmp_path))
     assert result.exit_code == 1
@@ -36,3 +42,4 @@ def test_help_says_no_gpu_is_needed():
     result = invoke("--help")
     assert result.exit_code == 0
     assert "not a GPU" in result.output
+    assert "--jobs" in result.output

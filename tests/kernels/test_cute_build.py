@@ -96,3 +96,19 @@ def test_a_built_function_refuses_cpu_tensors_naming_its_signature(cute_build):
     flat = torch.zeros(4, dtype=torch.int64)
     with pytest.raises(ValueError, match=r"kda_validate\(cu: Tensor.*expected device_type=cuda"):
         module.kda_validate_CK1(flat, flat.int(), flat, flat, flat, flat, flat.int(), 1, 1, 1)
+
+
+def test_a_parallel_build_equals_a_serial_one(cute_build, tmp_path):
+    """Worker processes compile the same objects as one process: the libraries are equal byte
+    for byte, and the manifest lists the variants in the order given."""
+    from kdabench.kernels.cute.build import build_arch
+    from kdabench.kernels.cute.variants import chunk_index_variant, validate_variant
+
+    variants = [validate_variant(1), chunk_index_variant(), validate_variant(4)]
+    serial = build_arch("sm_90a", tmp_path / "serial", variants, jobs=1)
+    done = []
+    parallel = build_arch("sm_90a", tmp_path / "parallel", variants, progress=done.append, jobs=2)
+    assert sorted(v.name for v in done) == sorted(v.name for v in variants)
+    assert list(parallel["functions"]) == list(serial["functions"]) == [v.name for v in variants]
+    assert (tmp_path / "serial" / "sm_90a" / LIBRARY_NAME).read_bytes() == \
+        (tmp_path / "parallel" / "sm_90a" / LIBRARY_NAME).read_bytes()
