@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import streams
 from ..config import Caps, CuteConfig
-from ..streams import side_stream
 from .runtime import library_for
 from .variants import (
     ALGORITHMS,
@@ -215,18 +215,14 @@ def range_count(slots: int, meta_capacity: int, capturing: bool) -> int:
     """How many ranges the chunk algorithm cuts `slots` chunk slots into: under CUDA-graph
     capture one per CHUNKS_PER_RANGE chunks of a sequence slot, at most POLICY_RANGES; eager,
     one."""
-    if not capturing:
-        return 1
-    per_slot = slots // max(meta_capacity, 1)
-    return max(1, min(POLICY_RANGES, per_slot // CHUNKS_PER_RANGE))
+    return streams.range_count(slots, meta_capacity, CHUNKS_PER_RANGE if capturing else None,
+                               POLICY_RANGES)
 
 
 def _run_chunked(binding, kernels, metadata) -> None:
     """The chunk index, then per range of chunk slots (range_count) the preparation of every
-    (chunk, head) in it from the raw inputs and its pass; with more than one range, each
-    range's pass runs on a side stream behind an event, overlapping the next range's
-    preparation. Nothing waits on memory, so no scheduling order can deadlock, and a CUDA
-    graph captures the fork and the join."""
+    (chunk, head) in it from the raw inputs and its pass, each pass on the side stream where
+    there are several (streams.run_in_ranges)."""
     import tvm_ffi
 
     index, prep, chunk_pass = kernels
@@ -241,30 +237,20 @@ def _run_chunked(binding, kernels, metadata) -> None:
                 ws["checkpoint_K"].view(-1, 4), ws["checkpoint_G"].view(-1, 2))
     index(cu, live, plan.error_code, co)
     slots = chunk_slots(tokens, m)
-    ranges = 1
-    if tokens:
-        ranges = range_count(slots, m, torch.cuda.is_current_stream_capturing())
-        ranges = max(1, min(ranges, RANGES, slots))
-    size = max(1, -(-slots // ranges))
-    main = torch.cuda.current_stream(binding.q.device)
-    side = side_stream(binding.q.device) if ranges > 1 else None
+    ranges = range_count(slots, m, torch.cuda.is_current_stream_capturing()) if tokens else 1
     q, k, g, beta, a_log, dt_bias = _inputs(binding)
-    for edge, chunk_lo in enumerate(range(0, slots, size)):
-        chunk_hi = min(chunk_lo + size, slots)
+
+    def prepare(chunk_lo: int, chunk_hi: int) -> None:
         if tokens:
             prep(q, k, binding.v.view(-1), g, beta, a_log, dt_bias, cu, live,
                  plan.error_code, co, ck_off, ck_idx, *chunk_ws, H, plan.caps.max_checkpoints,
                  chunk_lo, chunk_hi - chunk_lo, binding.scale, float(plan.caps.lower_bound))
-        arguments = (binding.out.view(-1), binding.state_pool.view(-1), ws["chunk_carry"],
-                     *metadata, plan.error_code, co, *chunk_ws, H, binding.out.shape[0], m,
-                     edge, chunk_lo, chunk_hi)
-        if side is None:
-            chunk_pass(*arguments)
-            continue
-        ready = torch.cuda.Event()
-        ready.record(main)
-        side.wait_event(ready)
-        with tvm_ffi.use_torch_stream(torch.cuda.stream(side)):
-            chunk_pass(*arguments)
-    if side is not None:
-        main.wait_stream(side)
+
+    def run_pass(edge: int, chunk_lo: int, chunk_hi: int) -> None:
+        chunk_pass(binding.out.view(-1), binding.state_pool.view(-1), ws["chunk_carry"],
+                   *metadata, plan.error_code, co, *chunk_ws, H, binding.out.shape[0], m,
+                   edge, chunk_lo, chunk_hi)
+
+    side = streams.side_stream(binding.q.device) if ranges > 1 else None
+    streams.run_in_ranges(slots, ranges, RANGES, prepare, run_pass, side,
+                          lambda side: tvm_ffi.use_torch_stream(torch.cuda.stream(side)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..streams import side_stream
+from .. import streams
 from .prefill import kda_checkpoint_kernel, kda_output_kernel, kda_state_pass_kernel
 from .prepare import kda_chunk_prepare_kernel
 from .prepare_blocks import (
@@ -232,39 +232,23 @@ def _parallel_segments(binding, stride_slots: int) -> None:
 def _split_ranges(binding, stride_slots: int, bound_slots: int) -> None:
     """The split pipeline's stage 1 and state pass in ranges of chunks (split_range_count):
     on a GPU the pass of one range runs on a side stream while stage 1 makes the next range's
-    operands, so the serial pass hides behind the parallel work (its programs fill only
-    sequences x V blocks x heads SMs). Nothing waits on a flag: the side stream waits on an
-    event per range, so no scheduling order can deadlock it, and a CUDA graph captures the
-    fork and join. Without a GPU the ranges run one after the other."""
+    operands (streams.run_in_ranges), so the serial pass hides behind the parallel work (its
+    programs fill only sequences x V blocks x heads SMs). Without a GPU the ranges run one
+    after the other."""
     side = _side_stream(binding.q.device)
     capturing = side is not None and torch.cuda.is_current_stream_capturing()
     ranges = split_range_count(bound_slots, binding.cu_seqlens.numel() - 1, capturing)
-    ranges = max(1, min(ranges, binding.plan.workspaces["ws_carry"].shape[0], bound_slots))
-    size = triton.cdiv(bound_slots, ranges)
-    side = side if size < bound_slots else None
-    main = torch.cuda.current_stream(binding.q.device) if side is not None else None
-    for part, chunk_lo in enumerate(range(0, bound_slots, size)):
-        chunk_hi = min(chunk_lo + size, bound_slots)
-        _split_stage_one(binding, stride_slots, chunk_lo, chunk_hi - chunk_lo)
-        if side is None:
-            _state_pass(binding, stride_slots, part, chunk_lo, chunk_hi)
-            continue
-        ready = torch.cuda.Event()
-        ready.record(main)
-        side.wait_event(ready)
-        with torch.cuda.stream(side):
-            _state_pass(binding, stride_slots, part, chunk_lo, chunk_hi)
-    if side is not None:
-        main.wait_stream(side)
+    streams.run_in_ranges(
+        bound_slots, ranges, binding.plan.workspaces["ws_carry"].shape[0],
+        lambda lo, hi: _split_stage_one(binding, stride_slots, lo, hi - lo),
+        lambda part, lo, hi: _state_pass(binding, stride_slots, part, lo, hi), side)
 
 
 def split_range_count(bound_slots: int, meta_capacity: int, capturing: bool) -> int:
     """How many ranges the split pipeline cuts `bound_slots` chunks into: one per
-    CHUNKS_PER_RANGE_* chunks of a sequence slot (the pass already runs the slots side by
-    side), at least 1, at most SPLIT_RANGES."""
+    CHUNKS_PER_RANGE_* chunks of a sequence slot, at most SPLIT_RANGES."""
     per_range = CHUNKS_PER_RANGE_CAPTURED if capturing else CHUNKS_PER_RANGE_EAGER
-    per_slot = bound_slots // max(meta_capacity, 1)
-    return max(1, min(SPLIT_RANGES, per_slot // per_range))
+    return streams.range_count(bound_slots, meta_capacity, per_range, SPLIT_RANGES)
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
@@ -272,7 +256,7 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
     interpreter)."""
     if device.type != "cuda" or interpreted():
         return None
-    return side_stream(device)
+    return streams.side_stream(device)
 
 
 def _split_stage_one(binding, stride_slots: int, chunk_base: int, count: int) -> None:
