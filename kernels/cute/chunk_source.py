@@ -54,13 +54,16 @@ from .variants import CHUNK
 
 PREP_THREADS = 128
 PASS_COLUMNS = 16  # V columns per warp of the pass (the MMA's 16 rows)
-REFERENCE_TOKEN = 7  # A's factors are taken relative to this token's cumulative decay
-PAD = CHUNK * 8 + 1  # row stride of the prep's [16, K] tiles (K <= 128; no bank conflicts)
+REFERENCE_TOKEN = 7  # a 16-token block's A factors are taken relative to its eighth token
+PAD = 128 + 1  # row stride of the prep's [CHUNK, K] tiles (K <= 128; no bank conflicts)
+TOKEN_TILES = CHUNK // 8  # a chunk's tiles of 8 tokens (the MMA's N)
+TOKEN_STEPS = CHUNK // 16  # a chunk's steps of 16 tokens (the MMA's K)
+A_RECORDS = TOKEN_TILES * TOKEN_STEPS * 32  # A_qk's records per (chunk, head)
 
 
 @cute.jit
 def _chunks(length: Int64) -> Int64:
-    """16-token chunks of a sequence of `length` tokens."""
+    """CHUNK-token chunks of a sequence of `length` tokens."""
     return (length + CHUNK - 1) // CHUNK
 
 
@@ -119,15 +122,34 @@ def _chunk_of(c: Int64, live: cute.Tensor, err: cute.Tensor, co: cute.Tensor):
 @cute.jit
 def _store_key_records(tile: cute.Tensor, dst: cute.Tensor, base: Int64, tid: Int64,
                        quad: cute.Tensor, K: cutlass.Constexpr):
-    """A [16 tokens, K] tile split in high and low bf16, as the B operands of the pass's
-    update (record (key tile, lane) at dst[base + record])."""
-    for rec in cutlass.range(tid, K // 8 * 32, PREP_THREADS):
+    """A [CHUNK tokens, K] tile split in high and low bf16, as the B operands of the pass's
+    update (record (key tile, token step, lane) at dst[base + record])."""
+    for rec in cutlass.range(tid, K // 8 * TOKEN_STEPS * 32, PREP_THREADS):
         lane = rec % 32
-        col = rec // 32 * 8 + lane // 4
-        t2 = lane % 4 * 2
+        col = rec // (32 * TOKEN_STEPS) * 8 + lane // 4
+        t2 = (rec // 32) % TOKEN_STEPS * 16 + lane % 4 * 2
         quad[0], quad[2] = split_bf16x2(tile[t2, col], tile[t2 + 1, col])
         quad[1], quad[3] = split_bf16x2(tile[t2 + 8, col], tile[t2 + 9, col])
         cute.autovec_copy(quad, dst[base + rec, None])
+
+
+@cute.jit
+def _a_entry(KR: cute.Tensor, KI: cute.Tensor, QR: cute.Tensor, AK: cute.Tensor,
+             AQ: cute.Tensor, BETA: cute.Tensor, row: Int64, col: Int64, K: cutlass.Constexpr):
+    """A_kk[row, col] (times beta_row; zero on and above the diagonal) and A_qk[row, col]
+    (zero above it) from tiles scaled relative to one reference token."""
+    akk = Float32(0.0)
+    aqk = Float32(0.0)
+    for ch in cutlass.range(K, unroll=8):
+        kj = KI[col, ch]
+        akk = akk + KR[row, ch] * kj
+        aqk = aqk + QR[row, ch] * kj
+    if col >= row:
+        akk = Float32(0.0)
+    if col > row:
+        aqk = Float32(0.0)
+    AK[row, col] = akk * BETA[row]
+    AQ[row, col] = aqk
 
 
 @cute.kernel
@@ -156,7 +178,8 @@ def chunk_prep_kernel(
     AQ = smem.allocate_tensor(Float32, square, byte_alignment=16)
     TT = smem.allocate_tensor(Float32, square, byte_alignment=16)
     BETA = smem.allocate_tensor(Float32, cute.make_layout(CHUNK), byte_alignment=16)
-    NORM = smem.allocate_tensor(Float32, cute.make_layout((2, 4, CHUNK), stride=(64, 16, 1)),
+    NORM = smem.allocate_tensor(Float32, cute.make_layout((2, 4, CHUNK),
+                                                          stride=(4 * CHUNK, CHUNK, 1)),
                                 byte_alignment=16)  # per q/k, warp and token: a sum of squares
     live_chunk, n = _chunk_of(c, live, err, co)
     if live_chunk != 0:
@@ -228,30 +251,34 @@ def chunk_prep_kernel(
                 gv = R[i]
                 R[i] = later
                 later = later + gv
-            ref = G[REFERENCE_TOKEN]
-            for i in cutlass.range_constexpr(CHUNK):
+            for i in cutlass.range_constexpr(CHUNK):  # the diagonal blocks' references
+                ref = G[i // 16 * 16 + REFERENCE_TOKEN]
                 up = cute.math.exp(G[i] - ref)
                 KR[i, tid] = kk[i] * up
                 QR[i, tid] = qq[i] * up
                 KI[i, tid] = kk[i] * cute.math.exp(ref - G[i])
             wGL[(sh * K + tid) // 2, tid % 2] = cute.math.exp(G[CHUNK - 1])
         cute.arch.sync_threads()
-        for r in cutlass.range_constexpr(2):
+        for r in cutlass.range_constexpr(2 * TOKEN_STEPS):  # the diagonal 16 x 16 blocks
             pair = tid + r * PREP_THREADS
-            row = pair // CHUNK
-            col = pair % CHUNK
-            akk = Float32(0.0)
-            aqk = Float32(0.0)
-            for ch in cutlass.range(K, unroll=8):
-                kj = KI[col, ch]
-                akk = akk + KR[row, ch] * kj
-                aqk = aqk + QR[row, ch] * kj
-            if col >= row:
-                akk = Float32(0.0)
-            if col > row:
-                aqk = Float32(0.0)
-            AK[row, col] = akk * BETA[row]
-            AQ[row, col] = aqk
+            row = pair // 256 * 16 + pair % 256 // 16
+            col = pair // 256 * 16 + pair % 16
+            _a_entry(KR, KI, QR, AK, AQ, BETA, row, col, K)
+        if cutlass.const_expr(TOKEN_STEPS == 2):
+            # block (1, 0) relative to token 15: e^(G_i - G_15) for i >= 16 and e^(G_15 - G_j)
+            # for j <= 15 are both at most 1 (rows 16.. of KR and QR, rows ..15 of KI rewritten)
+            cute.arch.sync_threads()
+            if tid < K:
+                ref = G[15]
+                for i in cutlass.range_constexpr(16):
+                    up = cute.math.exp(G[16 + i] - ref)
+                    KR[16 + i, tid] = kk[16 + i] * up
+                    QR[16 + i, tid] = qq[16 + i] * up
+                    KI[i, tid] = kk[i] * cute.math.exp(ref - G[i])
+            cute.arch.sync_threads()
+            for r in cutlass.range_constexpr(2):
+                pair = tid + r * PREP_THREADS
+                _a_entry(KR, KI, QR, AK, AQ, BETA, 16 + pair // 16, pair % 16, K)
         cute.arch.sync_threads()
         if tid < CHUNK:  # column tid of T = (I + A_kk)^-1, A_kk strictly lower
             for i in cutlass.range_constexpr(CHUNK):
@@ -281,34 +308,37 @@ def chunk_prep_kernel(
                 qq[j] = BETA[j] * x
             # U^T in the pass's accumulator order: record (column block, lane), value nt*4 + e
             # holds U[nt*8 + 2t + e % 2, 16 block + g + 8 (e // 2)] (lane = 4g + t)
+            # (rows of 8: record r of a lane holds tiles 2r and 2r + 1)
             vv = tid % PASS_COLUMNS
             urec = (sh * (K // PASS_COLUMNS) + tid // PASS_COLUMNS) * 32 + vv % 8 * 4
             for i in cutlass.range_constexpr(CHUNK):
                 u = Float32(0.0)
                 for j in cutlass.range_constexpr(i + 1):
                     u = u + TT[i, j] * qq[j]
-                wU[urec + i % 8 // 2, i // 8 * 4 + vv // 8 * 2 + i % 2] = u
+                wU[(urec + i % 8 // 2) * TOKEN_STEPS + i // 16,
+                   i // 8 % 2 * 4 + vv // 8 * 2 + i % 2] = u
         cute.arch.sync_threads()
         quad = cute.make_rmem_tensor(cute.make_layout(4), Int32)
         pair = cute.make_rmem_tensor(cute.make_layout(2), Int32)
-        for rec in cutlass.range(tid, KS * 64, PREP_THREADS):  # W and qg: (k step, n tile, lane)
+        records = KS * TOKEN_TILES * 32
+        for rec in cutlass.range(tid, records, PREP_THREADS):  # W, qg: (k step, n tile, lane)
             lane = rec % 32
-            tok = (rec // 32) % 2 * 8 + lane // 4
-            c0 = rec // 64 * 16 + lane % 4 * 2
+            tok = (rec // 32) % TOKEN_TILES * 8 + lane // 4
+            c0 = rec // (32 * TOKEN_TILES) * 16 + lane % 4 * 2
             quad[0], quad[2] = split_bf16x2(KR[tok, c0], KR[tok, c0 + 1])
             quad[1], quad[3] = split_bf16x2(KR[tok, c0 + 8], KR[tok, c0 + 9])
-            cute.autovec_copy(quad, wW[sh * KS * 64 + rec, None])
+            cute.autovec_copy(quad, wW[sh * records + rec, None])
             pair[0] = pack_bf16x2(QR[tok, c0], QR[tok, c0 + 1])
             pair[1] = pack_bf16x2(QR[tok, c0 + 8], QR[tok, c0 + 9])
-            cute.autovec_copy(pair, wQ[sh * KS * 64 + rec, None])
-        _store_key_records(KI, wKd, sh * (K // 8) * 32, tid, quad, K)  # kd
-        if tid < 64:  # A_qk: (n tile, lane)
-            lane = tid % 32
-            row = tid // 32 * 8 + lane // 4
-            t2 = lane % 4 * 2
+            cute.autovec_copy(pair, wQ[sh * records + rec, None])
+        _store_key_records(KI, wKd, sh * (K // 8) * TOKEN_STEPS * 32, tid, quad, K)  # kd
+        for rec in cutlass.range(tid, A_RECORDS, PREP_THREADS):  # A_qk: (n tile, k step, lane)
+            lane = rec % 32
+            row = rec // (32 * TOKEN_STEPS) * 8 + lane // 4
+            t2 = (rec // 32) % TOKEN_STEPS * 16 + lane % 4 * 2
             pair[0] = pack_bf16x2(AQ[row, t2], AQ[row, t2 + 1])
             pair[1] = pack_bf16x2(AQ[row, t2 + 8], AQ[row, t2 + 9])
-            cute.autovec_copy(pair, wA[sh * 64 + tid, None])
+            cute.autovec_copy(pair, wA[sh * A_RECORDS + rec, None])
         # the operands of each checkpoint strictly inside this chunk, at in-chunk position p:
         # k e^(G_p - G) over the first p tokens (zero after) and e^G_p, G_p = G[p - 1]
         for m in cutlass.range(CK):
@@ -329,7 +359,8 @@ def chunk_prep_kernel(
                             KR[i, tid] = kp
                         wCD[(unit * K + tid) // 2, tid % 2] = cute.math.exp(top)
                     cute.arch.sync_threads()
-                    _store_key_records(KR, wCK, unit * (K // 8) * 32, tid, quad, K)
+                    _store_key_records(KR, wCK, unit * (K // 8) * TOKEN_STEPS * 32, tid, quad,
+                                       K)
 
 
 @cute.jit
@@ -351,40 +382,47 @@ def _copy_operands(wW: cute.Tensor, wQ: cute.Tensor, wU: cute.Tensor, wKd: cute.
                    part: Int64, v0: Int64, K: cutlass.Constexpr, SPLIT: cutlass.Constexpr):
     """cp.async of what the lane reads of chunk-head sh into buffer buf, committed as one
     group: the W (split) and qg records of its part's key steps, the kd and e^G_last records
-    of its part's key tiles and the A_qk records of the token tiles its warp writes (each lane
-    reads back only what it copied), and, in the group's first warp, the group's U records
-    into U buffer ubuf."""
+    of its part's key tiles and the A_qk records of the token tiles its warp writes (on and
+    below the diagonal 16-token blocks; each lane reads back only what it copied), and, in
+    the group's first warp, the group's U records into U buffer ubuf."""
     KS = K // 16
+    KSW = KS // SPLIT
     NTW = K // 8 // SPLIT
     wide = cute.make_copy_atom(cpasync.CopyG2SOp(), Int32, num_bits_per_copy=128)
     wide_f = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=128)
     pair = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=64)
     pair_i = cute.make_copy_atom(cpasync.CopyG2SOp(), Int32, num_bits_per_copy=64)
-    for r in cutlass.range_constexpr(KS // SPLIT * 2):
-        rec = sh * KS * 64 + (part * (KS // SPLIT) * 2 + r) * 32 + lane
+    for r in cutlass.range_constexpr(KSW * TOKEN_TILES):
+        rec = (sh * KS * TOKEN_TILES + part * KSW * TOKEN_TILES + r) * 32 + lane
         cute.copy(wide, wW[rec, None], sW[warp, buf, r, lane, None])
         cute.copy(pair_i, wQ[rec, None], sQ[warp, buf, r, lane, None])
     if part == 0:  # U: one copy per group, read by all its warps after the exchange barrier
-        u = cute.flat_divide(wU[(sh * KS + v0 // PASS_COLUMNS) * 32 + lane, None], (4,))
-        for half in cutlass.range_constexpr(2):
-            cute.copy(wide_f, u[None, half], sU[warp // SPLIT, ubuf, lane, half, None])
+        for r in cutlass.range_constexpr(TOKEN_STEPS):
+            u = cute.flat_divide(
+                wU[((sh * KS + v0 // PASS_COLUMNS) * 32 + lane) * TOKEN_STEPS + r, None], (4,))
+            for half in cutlass.range_constexpr(2):
+                cute.copy(wide_f, u[None, half], sU[warp // SPLIT, ubuf, lane, r * 2 + half, None])
     for nt in cutlass.range_constexpr(NTW):
         key_tile = part * NTW + nt
-        cute.copy(wide, wKd[(sh * (K // 8) + key_tile) * 32 + lane, None],
-                  sKd[warp, buf, nt, lane, None])
+        for kk in cutlass.range_constexpr(TOKEN_STEPS):
+            cute.copy(wide, wKd[((sh * (K // 8) + key_tile) * TOKEN_STEPS + kk) * 32 + lane, None],
+                      sKd[warp, buf, nt * TOKEN_STEPS + kk, lane, None])
         cute.copy(pair, wGL[(sh * K + key_tile * 8 + t2) // 2, None],
                   sGL[warp, buf, nt, lane, None])
-    for ot in cutlass.range_constexpr(2):
+    for ot in cutlass.range_constexpr(TOKEN_TILES):
         if _writes_tile(part, ot, SPLIT):
-            cute.copy(pair_i, wA[sh * 64 + ot * 32 + lane, None], sA[warp, buf, ot, lane, None])
+            for kk in cutlass.range_constexpr(ot // 2 + 1):  # the block lower triangle
+                a = ot * TOKEN_STEPS + kk
+                cute.copy(pair_i, wA[sh * A_RECORDS + a * 32 + lane, None],
+                          sA[warp, buf, a, lane, None])
     cute.arch.cp_async_commit_group()
 
 
 @cute.jit
 def _writes_tile(part: Int64, ot: cutlass.Constexpr, SPLIT: cutlass.Constexpr):
     """Whether the warp of key part `part` writes the output's token tile ot: all of them
-    when one warp holds all keys, else warp ot of the group."""
-    return SPLIT == 1 or part == ot
+    when one warp holds all keys, else warp ot % SPLIT of the group."""
+    return SPLIT == 1 or part == ot % SPLIT
 
 
 @cute.jit
@@ -460,27 +498,33 @@ def chunk_pass_kernel(
     # per warp, two chunks' records (all it reads of a chunk), copied a chunk ahead with
     # cp.async
     smem = SmemAllocator()
+    NTT = TOKEN_TILES
+    CKS = TOKEN_STEPS
     sW = smem.allocate_tensor(Int32, cute.make_layout(
-        (WT, 2, KSW * 2, 32, 4), stride=(2 * KSW * 256, KSW * 256, 128, 4, 1)),
+        (WT, 2, KSW * NTT, 32, 4), stride=(2 * KSW * NTT * 128, KSW * NTT * 128, 128, 4, 1)),
         byte_alignment=16)
     sQ = smem.allocate_tensor(Int32, cute.make_layout(
-        (WT, 2, KSW * 2, 32, 2), stride=(2 * KSW * 128, KSW * 128, 64, 2, 1)),
+        (WT, 2, KSW * NTT, 32, 2), stride=(2 * KSW * NTT * 64, KSW * NTT * 64, 64, 2, 1)),
         byte_alignment=16)
     # U, the same for a group's warps: one copy per group, three chunks deep (the first warp
     # copies chunk j + 1's while the others may still read chunk j - 1's). Here and in sX a
     # lane's 16 bytes sit beside its neighbours', so a warp's 16-byte accesses meet no bank
     # conflict (a 64-byte lane stride made each 4-way, kernels/NOTES.md, cute v6)
     sU = smem.allocate_tensor(Float32, cute.make_layout(
-        (WARPS, 3, 32, 2, 4), stride=(768, 256, 4, 128, 1)), byte_alignment=16)
+        (WARPS, 3, 32, NTT, 4), stride=(3 * NTT * 128, NTT * 128, 4, 128, 1)),
+        byte_alignment=16)
     sKd = smem.allocate_tensor(Int32, cute.make_layout(
-        (WT, 2, NTW, 32, 4), stride=(2 * NTW * 128, NTW * 128, 128, 4, 1)), byte_alignment=16)
+        (WT, 2, NTW * CKS, 32, 4), stride=(2 * NTW * CKS * 128, NTW * CKS * 128, 128, 4, 1)),
+        byte_alignment=16)
     sGL = smem.allocate_tensor(Float32, cute.make_layout(
         (WT, 2, NTW, 32, 2), stride=(2 * NTW * 64, NTW * 64, 64, 2, 1)), byte_alignment=16)
     sA = smem.allocate_tensor(Int32, cute.make_layout(
-        (WT, 2, 2, 32, 2), stride=(256, 128, 64, 2, 1)), byte_alignment=16)
-    # per warp and chunk parity, its partial X (2 token tiles) and o (2 token tiles)
+        (WT, 2, NTT * CKS, 32, 2), stride=(2 * NTT * CKS * 64, NTT * CKS * 64, 64, 2, 1)),
+        byte_alignment=16)
+    # per warp and chunk parity, its partial X (NTT token tiles), then o (NTT token tiles)
     sX = smem.allocate_tensor(Float32, cute.make_layout(
-        (2, WT, 32, 4, 4), stride=(WT * 512, 512, 4, 128, 1)), byte_alignment=16)
+        (2, WT, 32, 2 * NTT, 4), stride=(WT * NTT * 256, NTT * 256, 4, 128, 1)),
+        byte_alignment=16)
     bidx, bidy, bidz = cute.arch.block_idx()
     n = Int64(bidx)
     h = Int64(bidy)
@@ -506,20 +550,20 @@ def chunk_pass_kernel(
                 if edge == 0:
                     mine = Int32(1)
             S = cute.make_rmem_tensor(cute.make_layout(NTW * 4), Float32)
-            X = cute.make_rmem_tensor(cute.make_layout(8), Float32)
-            E = cute.make_rmem_tensor(cute.make_layout(8), Float32)
-            O = cute.make_rmem_tensor(cute.make_layout(8), Float32)
+            X = cute.make_rmem_tensor(cute.make_layout(4 * NTT), Float32)
+            E = cute.make_rmem_tensor(cute.make_layout(4 * NTT), Float32)
+            O = cute.make_rmem_tensor(cute.make_layout(4 * NTT), Float32)
             P = cute.make_rmem_tensor(cute.make_layout(4), Float32)
             D = cute.make_rmem_tensor(cute.make_layout(4), Float32)
             # W and qg of the chunk in hand, from shared memory
-            Wr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(KSW * 2)]
-            Qr = [cute.make_rmem_tensor(cute.make_layout(2), Int32) for _ in range(KSW * 2)]
+            Wr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(KSW * NTT)]
+            Qr = [cute.make_rmem_tensor(cute.make_layout(2), Int32) for _ in range(KSW * NTT)]
             Kr = cute.make_rmem_tensor(cute.make_layout(4), Int32)
             Lr = cute.make_rmem_tensor(cute.make_layout(2), Float32)
             ah = cute.make_rmem_tensor(cute.make_layout(4), Int32)
             al = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-            vh = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-            vl = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+            vh = cute.make_rmem_tensor(cute.make_layout(4 * CKS), Int32)  # per token step
+            vl = cute.make_rmem_tensor(cute.make_layout(4 * CKS), Int32)
             offsets, _ = active_checkpoints(ck_off, ck_idx, n, CK)
             for i in cutlass.range_constexpr(NTW * 4):
                 S[i] = Float32(0.0)
@@ -545,10 +589,10 @@ def chunk_pass_kernel(
                     cute.arch.cp_async_wait_group(1)  # this chunk's are in
                 else:
                     cute.arch.cp_async_wait_group(0)
-                for r in cutlass.range_constexpr(KSW * 2):
+                for r in cutlass.range_constexpr(KSW * NTT):
                     cute.autovec_copy(sW[warp, buf, r, lane, None], Wr[r])
                     cute.autovec_copy(sQ[warp, buf, r, lane, None], Qr[r])
-                for i in cutlass.range_constexpr(8):
+                for i in cutlass.range_constexpr(4 * NTT):
                     X[i] = Float32(0.0)
                     E[i] = Float32(0.0)
                     O[i] = Float32(0.0)
@@ -557,14 +601,14 @@ def chunk_pass_kernel(
                     ah[1], al[1] = split_bf16x2(S[ks * 8 + 2], S[ks * 8 + 3])
                     ah[2], al[2] = split_bf16x2(S[ks * 8 + 4], S[ks * 8 + 5])
                     ah[3], al[3] = split_bf16x2(S[ks * 8 + 6], S[ks * 8 + 7])
-                    for nt in cutlass.range_constexpr(2):
-                        w = Wr[ks * 2 + nt]
+                    for nt in cutlass.range_constexpr(NTT):
+                        w = Wr[ks * NTT + nt]
                         bh0 = w[0]
                         bh1 = w[1]
                         bl0 = w[2]
                         bl1 = w[3]
-                        q0 = Qr[ks * 2 + nt][0]
-                        q1 = Qr[ks * 2 + nt][1]
+                        q0 = Qr[ks * NTT + nt][0]
+                        q1 = Qr[ks * NTT + nt][1]
                         b = nt * 4
                         X[b], X[b + 1], X[b + 2], X[b + 3] = mma_bf16(
                             ah[0], ah[1], ah[2], ah[3], bh0, bh1, X[b], X[b + 1], X[b + 2],
@@ -578,48 +622,49 @@ def chunk_pass_kernel(
                         O[b], O[b + 1], O[b + 2], O[b + 3] = mma_bf16(
                             ah[0], ah[1], ah[2], ah[3], q0, q1, O[b], O[b + 1], O[b + 2],
                             O[b + 3])
-                for i in cutlass.range_constexpr(8):
+                for i in cutlass.range_constexpr(4 * NTT):
                     X[i] = X[i] + E[i]
                 if cutlass.const_expr(SPLIT > 1):
                     # the group's partial products summed in part order (every warp the same)
-                    for ti in cutlass.range_constexpr(2):
+                    for ti in cutlass.range_constexpr(NTT):
                         for e in cutlass.range_constexpr(4):
                             P[e] = X[ti * 4 + e]
                         cute.autovec_copy(P, sX[buf, warp, lane, ti, None])
                         for e in cutlass.range_constexpr(4):
                             P[e] = O[ti * 4 + e]
-                        cute.autovec_copy(P, sX[buf, warp, lane, 2 + ti, None])
+                        cute.autovec_copy(P, sX[buf, warp, lane, NTT + ti, None])
                     cute.arch.barrier(barrier_id=1 + group, number_of_threads=32 * SPLIT)
-                    for i in cutlass.range_constexpr(8):
+                    for i in cutlass.range_constexpr(4 * NTT):
                         X[i] = Float32(0.0)
                     for p in cutlass.range_constexpr(SPLIT):
-                        for ti in cutlass.range_constexpr(2):
+                        for ti in cutlass.range_constexpr(NTT):
                             cute.autovec_copy(sX[buf, group * SPLIT + p, lane, ti, None], P)
                             for e in cutlass.range_constexpr(4):
                                 X[ti * 4 + e] = X[ti * 4 + e] + P[e]
-                    for ot in cutlass.range_constexpr(2):
-                        if part == ot:
+                    for ot in cutlass.range_constexpr(NTT):
+                        if _writes_tile(part, ot, SPLIT):
                             for e in cutlass.range_constexpr(4):
                                 O[ot * 4 + e] = Float32(0.0)
                             for p in cutlass.range_constexpr(SPLIT):
-                                cute.autovec_copy(sX[buf, group * SPLIT + p, lane, 2 + ot, None],
-                                                  P)
+                                cute.autovec_copy(
+                                    sX[buf, group * SPLIT + p, lane, NTT + ot, None], P)
                                 for e in cutlass.range_constexpr(4):
                                     O[ot * 4 + e] = O[ot * 4 + e] + P[e]
-                for half in cutlass.range_constexpr(2):
-                    cute.autovec_copy(sU[group, j % 3, lane, half, None], P)
+                for ti in cutlass.range_constexpr(NTT):
+                    cute.autovec_copy(sU[group, j % 3, lane, ti, None], P)
                     for e in cutlass.range_constexpr(4):  # Vnew^T = U^T - X, in X
-                        X[half * 4 + e] = P[e] - X[half * 4 + e]
-                vh[0], vl[0] = split_bf16x2(X[0], X[1])
-                vh[1], vl[1] = split_bf16x2(X[2], X[3])
-                vh[2], vl[2] = split_bf16x2(X[4], X[5])
-                vh[3], vl[3] = split_bf16x2(X[6], X[7])
-                for ot in cutlass.range_constexpr(2):
+                        X[ti * 4 + e] = P[e] - X[ti * 4 + e]
+                for r in cutlass.range_constexpr(4 * CKS):  # A operands, token step r // 4
+                    vh[r], vl[r] = split_bf16x2(X[2 * r], X[2 * r + 1])
+                for ot in cutlass.range_constexpr(NTT):
                     if _writes_tile(part, ot, SPLIT):
                         b = ot * 4
-                        O[b], O[b + 1], O[b + 2], O[b + 3] = mma_bf16(
-                            vh[0], vh[1], vh[2], vh[3], sA[warp, buf, ot, lane, 0],
-                            sA[warp, buf, ot, lane, 1], O[b], O[b + 1], O[b + 2], O[b + 3])
+                        for kk in cutlass.range_constexpr(ot // 2 + 1):
+                            a = ot * CKS + kk
+                            O[b], O[b + 1], O[b + 2], O[b + 3] = mma_bf16(
+                                vh[kk * 4], vh[kk * 4 + 1], vh[kk * 4 + 2], vh[kk * 4 + 3],
+                                sA[warp, buf, a, lane, 0], sA[warp, buf, a, lane, 1], O[b],
+                                O[b + 1], O[b + 2], O[b + 3])
                         for e in cutlass.range_constexpr(4):
                             tok = ot * 8 + t2 + e % 2
                             if tok < rows:
@@ -647,21 +692,16 @@ def chunk_pass_kernel(
                                                      lane, part, K, SPLIT)
                 for nt in cutlass.range_constexpr(NTW):
                     cute.autovec_copy(sGL[warp, buf, nt, lane, None], Lr)
-                    d0 = Lr[0]
-                    d1 = Lr[1]
-                    cute.autovec_copy(sKd[warp, buf, nt, lane, None], Kr)
-                    kh0 = Kr[0]
-                    kh1 = Kr[1]
-                    kl0 = Kr[2]
-                    kl1 = Kr[3]
                     b = nt * 4
-                    D[0], D[1], D[2], D[3] = mma_bf16(
-                        vh[0], vh[1], vh[2], vh[3], kh0, kh1, S[b] * d0, S[b + 1] * d1,
-                        S[b + 2] * d0, S[b + 3] * d1)
-                    D[0], D[1], D[2], D[3] = mma_bf16(
-                        vh[0], vh[1], vh[2], vh[3], kl0, kl1, D[0], D[1], D[2], D[3])
-                    S[b], S[b + 1], S[b + 2], S[b + 3] = mma_bf16(
-                        vl[0], vl[1], vl[2], vl[3], kh0, kh1, D[0], D[1], D[2], D[3])
+                    D[0] = S[b] * Lr[0]
+                    D[1] = S[b + 1] * Lr[1]
+                    D[2] = S[b + 2] * Lr[0]
+                    D[3] = S[b + 3] * Lr[1]
+                    for kk in cutlass.range_constexpr(CKS):
+                        cute.autovec_copy(sKd[warp, buf, nt * CKS + kk, lane, None], Kr)
+                        _update_step(D, vh, vl, Kr, kk)
+                    for e in cutlass.range_constexpr(4):
+                        S[b + e] = D[e]
                 if at_end != 0:
                     for c in cutlass.range(CK, unroll=1):
                         slot = ck_idx[n * CK + c]
@@ -677,6 +717,20 @@ def chunk_pass_kernel(
 
 
 @cute.jit
+def _update_step(D: cute.Tensor, vh: cute.Tensor, vl: cute.Tensor, Kr: cute.Tensor,
+                 kk: cutlass.Constexpr):
+    """D += Vnew^T kd over token step kk, split in three (high x high + high x low + low x
+    high; Kr holds the key record's high pair, then its low pair)."""
+    a = kk * 4
+    D[0], D[1], D[2], D[3] = mma_bf16(vh[a], vh[a + 1], vh[a + 2], vh[a + 3], Kr[0], Kr[1],
+                                      D[0], D[1], D[2], D[3])
+    D[0], D[1], D[2], D[3] = mma_bf16(vh[a], vh[a + 1], vh[a + 2], vh[a + 3], Kr[2], Kr[3],
+                                      D[0], D[1], D[2], D[3])
+    D[0], D[1], D[2], D[3] = mma_bf16(vl[a], vl[a + 1], vl[a + 2], vl[a + 3], Kr[0], Kr[1],
+                                      D[0], D[1], D[2], D[3])
+
+
+@cute.jit
 def _interior_checkpoint(pool: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, S: cute.Tensor,
                          vh: cute.Tensor, vl: cute.Tensor, D: cute.Tensor, Kr: cute.Tensor,
                          Lr: cute.Tensor, slot: Int64, unit: Int64, h: Int64, H: Int64,
@@ -689,15 +743,16 @@ def _interior_checkpoint(pool: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, 
     dst = _pool_tile(slot, h, H, v0, g, t2, part, K, SPLIT)
     for nt in cutlass.range_constexpr(NTW):
         key_tile = part * NTW + nt
-        cute.autovec_copy(wCK[(unit * (K // 8) + key_tile) * 32 + lane, None], Kr)
         cute.autovec_copy(wCD[(unit * K + key_tile * 8 + t2) // 2, None], Lr)
         b = nt * 4
-        D[0], D[1], D[2], D[3] = mma_bf16(vh[0], vh[1], vh[2], vh[3], Kr[0], Kr[1], S[b] * Lr[0],
-                                          S[b + 1] * Lr[1], S[b + 2] * Lr[0], S[b + 3] * Lr[1])
-        D[0], D[1], D[2], D[3] = mma_bf16(vh[0], vh[1], vh[2], vh[3], Kr[2], Kr[3], D[0], D[1],
-                                          D[2], D[3])
-        D[0], D[1], D[2], D[3] = mma_bf16(vl[0], vl[1], vl[2], vl[3], Kr[0], Kr[1], D[0], D[1],
-                                          D[2], D[3])
+        D[0] = S[b] * Lr[0]
+        D[1] = S[b + 1] * Lr[1]
+        D[2] = S[b + 2] * Lr[0]
+        D[3] = S[b + 3] * Lr[1]
+        for kk in cutlass.range_constexpr(TOKEN_STEPS):
+            cute.autovec_copy(
+                wCK[((unit * (K // 8) + key_tile) * TOKEN_STEPS + kk) * 32 + lane, None], Kr)
+            _update_step(D, vh, vl, Kr, kk)
         pool[dst + nt * 8] = D[0]
         pool[dst + nt * 8 + 1] = D[1]
         pool[dst + 8 * K + nt * 8] = D[2]
