@@ -35,8 +35,9 @@ def _archs(value: str) -> list[str]:
               help="Compile nothing: check the builds already in DIR (manifest, sources, "
               "file hashes, every function exported and loadable).")
 @click.option("--jobs", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Variants compiled at once, each in its own process (default: the CPUs "
-              "this process may use; 1 compiles in this process).")
+              help="Variants compiled at once, each in its own process of about 430 MB "
+              "(default: the CPUs this process may use, at most 8; 1 compiles in this "
+              "process).")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifests and problems as JSON.")
 def build_kernels(arch_list: str, out_dir: Path | None, check_only: bool, jobs: int | None,
                   as_json: bool) -> None:

@@ -112,3 +112,14 @@ def test_a_parallel_build_equals_a_serial_one(cute_build, tmp_path):
     assert list(parallel["functions"]) == list(serial["functions"]) == [v.name for v in variants]
     assert (tmp_path / "serial" / "sm_90a" / LIBRARY_NAME).read_bytes() == \
         (tmp_path / "parallel" / "sm_90a" / LIBRARY_NAME).read_bytes()
+
+
+@pytest.mark.parametrize("cpus, expected", [(1, 1), (2, 2), (64, 8)])
+def test_default_jobs_follow_the_cpus_up_to_a_bound(cpus, expected, monkeypatch):
+    """A build compiles as many variants at once as the process has CPUs, at most 8 (each
+    worker holds about 430 MB)."""
+    from kdabench.kernels.cute import build
+
+    monkeypatch.setattr(build.os, "sched_getaffinity", lambda _pid: set(range(cpus)),
+                        raising=False)
+    assert build.default_jobs() == expected
