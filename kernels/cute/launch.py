@@ -251,6 +251,6 @@ def _run_chunked(binding, kernels, metadata) -> None:
                    *metadata, plan.error_code, co, *chunk_ws, H, binding.out.shape[0], m,
                    edge, chunk_lo, chunk_hi)
 
-    side = streams.side_stream(binding.q.device) if ranges > 1 else None
-    streams.run_in_ranges(slots, ranges, RANGES, prepare, run_pass, side,
+    streams.run_in_ranges(slots, ranges, RANGES, prepare, run_pass,
+                          streams.side_stream(binding.q.device),
                           lambda side: tvm_ffi.use_torch_stream(torch.cuda.stream(side)))
