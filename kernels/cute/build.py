@@ -36,6 +36,8 @@ from .manifest import (
 )
 from .variants import Variant, aot_variants
 
+MAX_DEFAULT_JOBS = 8  # each worker holds about 430 MB (the DSL and torch) while it compiles
+
 
 class BuildError(RuntimeError):
     """The build could not run (no DSL, no compiler, an unknown arch) or failed."""
@@ -61,14 +63,11 @@ def _compiler() -> str:
     raise BuildError("no C compiler (cc, gcc or clang) on PATH to link the shared library")
 
 
-MAX_DEFAULT_JOBS = 8  # each worker holds about 430 MB (the DSL and torch) while it compiles
-
-
 def default_jobs() -> int:
     """How many variants a build compiles at once: the CPUs this process may run on, at most
     MAX_DEFAULT_JOBS."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cpus or 1, MAX_DEFAULT_JOBS))
+    return min(cpus or 1, MAX_DEFAULT_JOBS)
 
 
 def _compile_object(variant: Variant, arch: str, path: str) -> None:
