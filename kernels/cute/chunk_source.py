@@ -59,6 +59,8 @@ PAD = 128 + 1  # row stride of the prep's [CHUNK, K] tiles (K <= 128; no bank co
 TOKEN_TILES = CHUNK // 8  # a chunk's tiles of 8 tokens (the MMA's N)
 TOKEN_STEPS = CHUNK // 16  # a chunk's steps of 16 tokens (the MMA's K)
 A_RECORDS = TOKEN_TILES * TOKEN_STEPS * 32  # A_qk's records per (chunk, head)
+NORM_LANES = PREP_THREADS // (2 * CHUNK)  # the prep's threads per row of q or k in the L2 sums
+NORM_SHUFFLES = NORM_LANES.bit_length() - 1
 
 
 @cute.jit
@@ -178,9 +180,8 @@ def chunk_prep_kernel(
     AQ = smem.allocate_tensor(Float32, square, byte_alignment=16)
     TT = smem.allocate_tensor(Float32, square, byte_alignment=16)
     BETA = smem.allocate_tensor(Float32, cute.make_layout(CHUNK), byte_alignment=16)
-    NORM = smem.allocate_tensor(Float32, cute.make_layout((2, 4, CHUNK),
-                                                          stride=(4 * CHUNK, CHUNK, 1)),
-                                byte_alignment=16)  # per q/k, warp and token: a sum of squares
+    NORM = smem.allocate_tensor(Float32, cute.make_layout((2, CHUNK), stride=(CHUNK, 1)),
+                                byte_alignment=16)  # per q/k and token: a sum of squares
     live_chunk, n = _chunk_of(c, live, err, co)
     if live_chunk != 0:
         start = cu[n] + (c - co[n]) * CHUNK
@@ -212,34 +213,39 @@ def chunk_prep_kernel(
                     kv = Float32(k[at])
                     qv = Float32(q[at])
                     gv = log_decay(Float32(g[at]), rate, bias, lower_bound, GATE)
-                kk[i] = kv
-                qq[i] = qv
+                if cutlass.const_expr(QK_L2NORM):  # raw rows in the tiles for the norms' sums
+                    QR[i, tid] = qv
+                    KN[i, tid] = kv
+                else:
+                    kk[i] = kv
+                    qq[i] = qv * scale
                 R[i] = gv
-        if cutlass.const_expr(QK_L2NORM):  # each token's sums of squares over the K channels
-            for i in cutlass.range_constexpr(CHUNK):
-                sq = Float32(0.0)
-                sk = Float32(0.0)
-                if tid < K:
-                    sq = qq[i] * qq[i]
-                    sk = kk[i] * kk[i]
-                sq = cute.arch.warp_reduction_sum(sq)
-                sk = cute.arch.warp_reduction_sum(sk)
-                if tid % 32 == 0:
-                    NORM[0, tid // 32, i] = sq
-                    NORM[1, tid // 32, i] = sk
+        if cutlass.const_expr(QK_L2NORM):
+            # each token's sums of squares over the K channels, a row of q or k on NORM_LANES
+            # neighbouring threads (every NORM_LANES-th channel each, then shuffles), so that
+            # no thread holds every token's raw q and k across the sums
             cute.arch.sync_threads()
+            nrow = tid // NORM_LANES
+            ntok = nrow % CHUNK
+            ss = Float32(0.0)
+            if nrow < CHUNK:
+                for nc in cutlass.range_constexpr(K // NORM_LANES):
+                    x = QR[ntok, tid % NORM_LANES + nc * NORM_LANES]
+                    ss = ss + x * x
+            else:
+                for nc in cutlass.range_constexpr(K // NORM_LANES):
+                    x = KN[ntok, tid % NORM_LANES + nc * NORM_LANES]
+                    ss = ss + x * x
+            for sb in cutlass.range_constexpr(NORM_SHUFFLES):
+                ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << sb)
+            if tid % NORM_LANES == 0:
+                NORM[nrow // CHUNK, ntok] = ss
+            cute.arch.sync_threads()
+            if tid < K:
+                for i in cutlass.range_constexpr(CHUNK):
+                    qq[i] = QR[i, tid] * (scale / cute.math.sqrt(NORM[0, i] + L2_NORM_EPS))
+                    kk[i] = KN[i, tid] / cute.math.sqrt(NORM[1, i] + L2_NORM_EPS)
         if tid < K:
-            for i in cutlass.range_constexpr(CHUNK):
-                q_scale = scale
-                if cutlass.const_expr(QK_L2NORM):
-                    sq = Float32(0.0)
-                    sk = Float32(0.0)
-                    for w in cutlass.range_constexpr(K // 32):
-                        sq = sq + NORM[0, w, i]
-                        sk = sk + NORM[1, w, i]
-                    q_scale = scale / cute.math.sqrt(sq + L2_NORM_EPS)
-                    kk[i] = kk[i] / cute.math.sqrt(sk + L2_NORM_EPS)
-                qq[i] = qq[i] * q_scale
             run = Float32(0.0)
             for i in cutlass.range_constexpr(CHUNK):
                 run = run + R[i]
@@ -268,13 +274,13 @@ def chunk_prep_kernel(
             # block (1, 0) relative to token 15: e^(G_i - G_15) for i >= 16 and e^(G_15 - G_j)
             # for j <= 15 are both at most 1 (rows 16.. of KR and QR, rows ..15 of KI rewritten)
             cute.arch.sync_threads()
-            if tid < K:
-                ref = G[15]
+            if tid < K:  # k and G read back from KN and GT (not kept in registers)
+                ref = GT[15, tid]
                 for i in cutlass.range_constexpr(16):
-                    up = cute.math.exp(G[16 + i] - ref)
-                    KR[16 + i, tid] = kk[16 + i] * up
+                    up = cute.math.exp(GT[16 + i, tid] - ref)
+                    KR[16 + i, tid] = KN[16 + i, tid] * up
                     QR[16 + i, tid] = qq[16 + i] * up
-                    KI[i, tid] = kk[i] * cute.math.exp(ref - G[i])
+                    KI[i, tid] = KN[i, tid] * cute.math.exp(ref - GT[i, tid])
             cute.arch.sync_threads()
             for r in cutlass.range_constexpr(2):
                 pair = tid + r * PREP_THREADS
@@ -290,12 +296,13 @@ def chunk_prep_kernel(
                     one = Float32(1.0)
                 TT[i, tid] = one - s
         cute.arch.sync_threads()
-        if tid < K:
+        if tid < K:  # k and G read back from KN and GT, so neither stays live across A and T
             for i in cutlass.range_constexpr(CHUNK):
-                G[i] = cute.math.exp(G[i])
-                QR[i, tid] = qq[i] * G[i]
-                KI[i, tid] = kk[i] * cute.math.exp(R[i])
-                kk[i] = BETA[i] * kk[i] * G[i]
+                eg = cute.math.exp(GT[i, tid])
+                kn = KN[i, tid]
+                QR[i, tid] = qq[i] * eg
+                KI[i, tid] = kn * cute.math.exp(R[i])
+                kk[i] = BETA[i] * kn * eg
             for i in cutlass.range_constexpr(CHUNK):
                 w = Float32(0.0)
                 for j in cutlass.range_constexpr(i + 1):
