@@ -382,45 +382,65 @@ def _fill_nan(out: cute.Tensor, n: Int64, h: Int64, v0: Int64, lane: Int64, H: I
 
 
 @cute.jit
+def _record_offsets(ro: cute.Tensor, sh: Int64, lane: Int64, t2: Int64, part: Int64, v0: Int64,
+                    K: cutlass.Constexpr, SPLIT: cutlass.Constexpr):
+    """Into ro, the lane's first records of chunk-head sh in the W and qg, U, kd, e^G_last and
+    A_qk workspaces (what `_copy_operands` reads; `_next_records` moves them a chunk on)."""
+    KS = K // 16
+    ro[0] = (sh * KS * TOKEN_TILES + part * (KS // SPLIT) * TOKEN_TILES) * 32 + lane
+    ro[1] = ((sh * KS + v0 // PASS_COLUMNS) * 32 + lane) * TOKEN_STEPS
+    ro[2] = (sh * (K // 8) + part * (K // 8 // SPLIT)) * TOKEN_STEPS * 32 + lane
+    ro[3] = (sh * K + part * (K // 8 // SPLIT) * 8 + t2) // 2
+    ro[4] = sh * A_RECORDS + lane
+
+
+@cute.jit
+def _next_records(ro: cute.Tensor, H: Int64, K: cutlass.Constexpr):
+    """The offsets of `_record_offsets` moved from chunk-head sh to sh + H (the next chunk)."""
+    ro[0] = ro[0] + H * (K // 16 * TOKEN_TILES * 32)
+    ro[1] = ro[1] + H * (K // 16 * 32 * TOKEN_STEPS)
+    ro[2] = ro[2] + H * (K // 8 * TOKEN_STEPS * 32)
+    ro[3] = ro[3] + H * (K // 2)
+    ro[4] = ro[4] + H * A_RECORDS
+
+
+@cute.jit
 def _copy_operands(wW: cute.Tensor, wQ: cute.Tensor, wU: cute.Tensor, wKd: cute.Tensor,
                    wGL: cute.Tensor, wA: cute.Tensor, sW: cute.Tensor, sQ: cute.Tensor,
                    sU: cute.Tensor, sKd: cute.Tensor, sGL: cute.Tensor, sA: cute.Tensor,
-                   sh: Int64, warp: Int64, buf: Int64, ubuf: Int64, lane: Int64, t2: Int64,
-                   part: Int64, v0: Int64, K: cutlass.Constexpr, SPLIT: cutlass.Constexpr):
-    """cp.async of what the lane reads of chunk-head sh into buffer buf, committed as one
-    group: the W (split) and qg records of its part's key steps, the kd and e^G_last records
-    of its part's key tiles and the A_qk records of the token tiles its warp writes (on and
-    below the diagonal 16-token blocks; each lane reads back only what it copied), and, in
-    the group's first warp, the group's U records into U buffer ubuf."""
-    KS = K // 16
-    KSW = KS // SPLIT
+                   ro: cute.Tensor, warp: Int64, buf: Int64, ubuf: Int64, lane: Int64,
+                   part: Int64, K: cutlass.Constexpr, SPLIT: cutlass.Constexpr):
+    """cp.async of what the lane reads of the chunk whose records start at ro
+    (`_record_offsets`) into buffer buf, committed as one group: the W (split) and qg records
+    of its part's key steps, the kd and e^G_last records of its part's key tiles and the A_qk
+    records of the token tiles its warp writes (on and below the diagonal 16-token blocks;
+    each lane reads back only what it copied), and, in the group's first warp, the group's U
+    records into U buffer ubuf."""
+    KSW = K // 16 // SPLIT
     NTW = K // 8 // SPLIT
     wide = cute.make_copy_atom(cpasync.CopyG2SOp(), Int32, num_bits_per_copy=128)
     wide_f = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=128)
     pair = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=64)
     pair_i = cute.make_copy_atom(cpasync.CopyG2SOp(), Int32, num_bits_per_copy=64)
     for r in cutlass.range_constexpr(KSW * TOKEN_TILES):
-        rec = (sh * KS * TOKEN_TILES + part * KSW * TOKEN_TILES + r) * 32 + lane
+        rec = ro[0] + r * 32
         cute.copy(wide, wW[rec, None], sW[warp, buf, r, lane, None])
         cute.copy(pair_i, wQ[rec, None], sQ[warp, buf, r, lane, None])
     if part == 0:  # U: one copy per group, read by all its warps after the exchange barrier
         for r in cutlass.range_constexpr(TOKEN_STEPS):
-            u = cute.flat_divide(
-                wU[((sh * KS + v0 // PASS_COLUMNS) * 32 + lane) * TOKEN_STEPS + r, None], (4,))
+            u = cute.flat_divide(wU[ro[1] + r, None], (4,))
             for half in cutlass.range_constexpr(2):
                 cute.copy(wide_f, u[None, half], sU[warp // SPLIT, ubuf, lane, r * 2 + half, None])
     for nt in cutlass.range_constexpr(NTW):
-        key_tile = part * NTW + nt
         for kk in cutlass.range_constexpr(TOKEN_STEPS):
-            cute.copy(wide, wKd[((sh * (K // 8) + key_tile) * TOKEN_STEPS + kk) * 32 + lane, None],
+            cute.copy(wide, wKd[ro[2] + (nt * TOKEN_STEPS + kk) * 32, None],
                       sKd[warp, buf, nt * TOKEN_STEPS + kk, lane, None])
-        cute.copy(pair, wGL[(sh * K + key_tile * 8 + t2) // 2, None],
-                  sGL[warp, buf, nt, lane, None])
+        cute.copy(pair, wGL[ro[3] + nt * 4, None], sGL[warp, buf, nt, lane, None])
     for ot in cutlass.range_constexpr(TOKEN_TILES):
         if _writes_tile(part, ot, SPLIT):
             for kk in cutlass.range_constexpr(ot // 2 + 1):  # the block lower triangle
                 a = ot * TOKEN_STEPS + kk
-                cute.copy(pair_i, wA[sh * A_RECORDS + a * 32 + lane, None],
+                cute.copy(pair_i, wA[ro[4] + a * 32, None],
                           sA[warp, buf, a, lane, None])
     cute.arch.cp_async_commit_group()
 
@@ -572,6 +592,8 @@ def chunk_pass_kernel(
             vh = cute.make_rmem_tensor(cute.make_layout(4 * CKS), Int32)  # per token step
             vl = cute.make_rmem_tensor(cute.make_layout(4 * CKS), Int32)
             offsets, _ = active_checkpoints(ck_off, ck_idx, n, CK)
+            held = cute.make_rmem_tensor(cute.make_layout(1), Int64)  # the next chunk with one
+            held[0] = _checkpoint_chunk_from(offsets, lo, CK)
             for i in cutlass.range_constexpr(NTW * 4):
                 S[i] = Float32(0.0)
             if mine != 0:
@@ -581,18 +603,19 @@ def chunk_pass_kernel(
                         _load_state(pool, S, init, h, H, v0, g, t2, part, K, SPLIT)
                 else:  # where the range before this one left the state (edge - 1's carry)
                     _load_state(carry, S, edge - 1, h, H, v0, g, t2, part, K, SPLIT)
+            ro = cute.make_rmem_tensor(cute.make_layout(5), Int64)  # the next chunk's records
             if lo < hi:
-                _copy_operands(wW, wQ, wU, wKd, wGL, wA, sW, sQ, sU, sKd, sGL, sA,
-                               (first + lo) * H + h, warp, lo % 2, lo % 3, lane, t2, part, v0,
-                               K, SPLIT)
+                _record_offsets(ro, (first + lo) * H + h, lane, t2, part, v0, K, SPLIT)
+                _copy_operands(wW, wQ, wU, wKd, wGL, wA, sW, sQ, sU, sKd, sGL, sA, ro, warp,
+                               lo % 2, lo % 3, lane, part, K, SPLIT)
             for j in cutlass.range(lo, hi):
-                sh = (first + j) * H + h
                 start = j * CHUNK
                 rows = length - start
                 buf = j % 2
                 if j + 1 < hi:  # the next chunk's records, copied during this one
-                    _copy_operands(wW, wQ, wU, wKd, wGL, wA, sW, sQ, sU, sKd, sGL, sA, sh + H,
-                                   warp, 1 - buf, (j + 1) % 3, lane, t2, part, v0, K, SPLIT)
+                    _next_records(ro, H, K)
+                    _copy_operands(wW, wQ, wU, wKd, wGL, wA, sW, sQ, sU, sKd, sGL, sA, ro, warp,
+                                   1 - buf, (j + 1) % 3, lane, part, K, SPLIT)
                     cute.arch.cp_async_wait_group(1)  # this chunk's are in
                 else:
                     cute.arch.cp_async_wait_group(0)
@@ -641,18 +664,23 @@ def chunk_pass_kernel(
                             P[e] = O[ti * 4 + e]
                         cute.autovec_copy(P, sX[buf, warp, lane, NTT + ti, None])
                     cute.arch.barrier(barrier_id=1 + group, number_of_threads=32 * SPLIT)
-                    for i in cutlass.range_constexpr(4 * NTT):
-                        X[i] = Float32(0.0)
-                    for p in cutlass.range_constexpr(SPLIT):
+                    # (each sum starts from part 0's partial: the additions of a sum from
+                    # zero, in the same order, less the first)
+                    for ti in cutlass.range_constexpr(NTT):
+                        cute.autovec_copy(sX[buf, group * SPLIT, lane, ti, None], P)
+                        for e in cutlass.range_constexpr(4):
+                            X[ti * 4 + e] = P[e]
+                    for p in cutlass.range_constexpr(1, SPLIT):
                         for ti in cutlass.range_constexpr(NTT):
                             cute.autovec_copy(sX[buf, group * SPLIT + p, lane, ti, None], P)
                             for e in cutlass.range_constexpr(4):
                                 X[ti * 4 + e] = X[ti * 4 + e] + P[e]
                     for ot in cutlass.range_constexpr(NTT):
                         if _writes_tile(part, ot, SPLIT):
+                            cute.autovec_copy(sX[buf, group * SPLIT, lane, NTT + ot, None], P)
                             for e in cutlass.range_constexpr(4):
-                                O[ot * 4 + e] = Float32(0.0)
-                            for p in cutlass.range_constexpr(SPLIT):
+                                O[ot * 4 + e] = P[e]
+                            for p in cutlass.range_constexpr(1, SPLIT):
                                 cute.autovec_copy(
                                     sX[buf, group * SPLIT + p, lane, NTT + ot, None], P)
                                 for e in cutlass.range_constexpr(4):
@@ -677,18 +705,10 @@ def chunk_pass_kernel(
                             if tok < rows:
                                 out[((bos + start + tok) * H + h) * K + v0 + g + e // 2 * 8] = \
                                     O[b + e].to(out.element_type)
-                inside = Int32(0)  # a checkpoint strictly inside the chunk, one at its end
-                at_end = Int32(0)
-                for c in cutlass.range_constexpr(CK):
-                    p = offsets[c] - start
-                    if p > 0:
-                        if p < CHUNK:
-                            inside = Int32(1)
-                    if p == CHUNK:
-                        at_end = Int32(1)
                 # the checkpoints' code sits behind a branch around a rolled loop, so the chunk
-                # step carries none of it (if-converted, it tripled the step's instructions)
-                if inside != 0:
+                # step carries none of it (if-converted, it tripled the step's instructions),
+                # and the branch is one comparison with the next chunk that holds one
+                if j == held[0]:
                     for c in cutlass.range(CK, unroll=1):
                         slot = ck_idx[n * CK + c]
                         p = checkpoint_offset(ck_off, slot, n * CK + c) - start
@@ -709,11 +729,12 @@ def chunk_pass_kernel(
                         _update_step(D, vh, vl, Kr, kk)
                     for e in cutlass.range_constexpr(4):
                         S[b + e] = D[e]
-                if at_end != 0:
+                if j == held[0]:
                     for c in cutlass.range(CK, unroll=1):
                         slot = ck_idx[n * CK + c]
                         if checkpoint_offset(ck_off, slot, n * CK + c) == start + CHUNK:
                             _store_state(pool, S, slot, h, H, v0, g, t2, part, K, SPLIT)
+                    held[0] = _checkpoint_chunk_from(offsets, j + 1, CK)
             if mine != 0:
                 if hi == chunks:
                     last = final_idx[n]
@@ -721,6 +742,22 @@ def chunk_pass_kernel(
                         _store_state(pool, S, last, h, H, v0, g, t2, part, K, SPLIT)
                 else:  # a range edge lies inside at most one sequence: its state in carry
                     _store_state(carry, S, edge, h, H, v0, g, t2, part, K, SPLIT)
+
+
+@cute.jit
+def _checkpoint_chunk_from(offsets: cute.Tensor, since: Int64, CK: cutlass.Constexpr) -> Int64:
+    """The first chunk from `since` on that holds a checkpoint, strictly inside it or at its end
+    (offset o > 0 lies in chunk (o - 1) // CHUNK), or -1 when none does (no chunk is -1)."""
+    found = Int64(-1)
+    for c in cutlass.range_constexpr(CK):
+        if offsets[c] > 0:
+            at = (offsets[c] - 1) // CHUNK
+            if at >= since:
+                if found < 0:
+                    found = at
+                if at < found:
+                    found = at
+    return found
 
 
 @cute.jit
