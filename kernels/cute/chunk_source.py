@@ -714,7 +714,7 @@ def chunk_pass_kernel(
                         p = checkpoint_offset(ck_off, slot, n * CK + c) - start
                         if p > 0:
                             if p < CHUNK:
-                                _interior_checkpoint(pool, wCK, wCD, S, vh, vl, D, Kr, Lr, slot,
+                                _interior_checkpoint(pool, wCK, wCD, S, vh, vl, D, slot,
                                                      (n * CK + c) * H + h, h, H, v0, g, t2,
                                                      lane, part, K, SPLIT)
                 for nt in cutlass.range_constexpr(NTW):
@@ -776,27 +776,33 @@ def _update_step(D: cute.Tensor, vh: cute.Tensor, vl: cute.Tensor, Kr: cute.Tens
 
 @cute.jit
 def _interior_checkpoint(pool: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, S: cute.Tensor,
-                         vh: cute.Tensor, vl: cute.Tensor, D: cute.Tensor, Kr: cute.Tensor,
-                         Lr: cute.Tensor, slot: Int64, unit: Int64, h: Int64, H: Int64,
-                         v0: Int64, g: Int64, t2: Int64, lane: Int64, part: Int64,
-                         K: cutlass.Constexpr, SPLIT: cutlass.Constexpr):
+                         vh: cute.Tensor, vl: cute.Tensor, D: cute.Tensor, slot: Int64,
+                         unit: Int64, h: Int64, H: Int64, v0: Int64, g: Int64, t2: Int64,
+                         lane: Int64, part: Int64, K: cutlass.Constexpr,
+                         SPLIT: cutlass.Constexpr):
     """The state after the chunk's first p tokens, e^G_p S_0 + (k e^(G_p - G))[:p]^T Vnew[:p],
     from the operands the prep wrote for checkpoint unit `unit`, to pool[slot] (the warp's
-    keys)."""
+    keys). Every operand is loaded before the first store: the pool's stores may alias them
+    for all the compiler knows, so loads after a store would wait for it, one latency each."""
     NTW = K // 8 // SPLIT
     dst = _pool_tile(slot, h, H, v0, g, t2, part, K, SPLIT)
+    keys = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(NTW * TOKEN_STEPS)]
+    decays = [cute.make_rmem_tensor(cute.make_layout(2), Float32) for _ in range(NTW)]
     for nt in cutlass.range_constexpr(NTW):
         key_tile = part * NTW + nt
-        cute.autovec_copy(wCD[(unit * K + key_tile * 8 + t2) // 2, None], Lr)
-        b = nt * 4
-        D[0] = S[b] * Lr[0]
-        D[1] = S[b + 1] * Lr[1]
-        D[2] = S[b + 2] * Lr[0]
-        D[3] = S[b + 3] * Lr[1]
+        cute.autovec_copy(wCD[(unit * K + key_tile * 8 + t2) // 2, None], decays[nt])
         for kk in cutlass.range_constexpr(TOKEN_STEPS):
             cute.autovec_copy(
-                wCK[((unit * (K // 8) + key_tile) * TOKEN_STEPS + kk) * 32 + lane, None], Kr)
-            _update_step(D, vh, vl, Kr, kk)
+                wCK[((unit * (K // 8) + key_tile) * TOKEN_STEPS + kk) * 32 + lane, None],
+                keys[nt * TOKEN_STEPS + kk])
+    for nt in cutlass.range_constexpr(NTW):
+        b = nt * 4
+        D[0] = S[b] * decays[nt][0]
+        D[1] = S[b + 1] * decays[nt][1]
+        D[2] = S[b + 2] * decays[nt][0]
+        D[3] = S[b + 3] * decays[nt][1]
+        for kk in cutlass.range_constexpr(TOKEN_STEPS):
+            _update_step(D, vh, vl, keys[nt * TOKEN_STEPS + kk], kk)
         pool[dst + nt * 8] = D[0]
         pool[dst + nt * 8 + 1] = D[1]
         pool[dst + 8 * K + nt * 8] = D[2]
