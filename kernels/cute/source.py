@@ -2,8 +2,10 @@
 
 Three kernels, launched in this order on one stream by kdabench.kernels.cute.launch:
 
-* validate: one block checks the metadata (the rules of docs/DESIGN.md §2, the same bits as
-  the Triton prologue) and ORs the error bits into a zeroed int32 code;
+* validate: blocks check the metadata (the rules of docs/DESIGN.md §2, the same bits as the
+  Triton prologue) and OR the error bits into a zeroed int32 code: the first block the rules
+  per sequence, every block its share of the write-slot clashes (each write against every
+  other write and every other sequence's initial slot, in tiles staged in shared memory);
 * prepare: one warp per (token, head) applies the input transforms (gate, q/k L2 norm, beta
   sigmoid, the output scale folded into q; `log_decay` and `beta_of`, which the chunk
   algorithm's preparation shares) and writes fp32 q, k, exp(g) and beta workspaces;
@@ -22,6 +24,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass.memory import SmemAllocator
 
 from ..contract import NULL_SLOT, MetadataFault
 
@@ -32,6 +35,8 @@ RANGE_BIT = int(MetadataFault.SLOT_OUT_OF_RANGE)
 OFFSET_BIT = int(MetadataFault.BAD_CHECKPOINT_OFFSET)
 
 VALIDATE_THREADS = 256
+CLASH_TILE = 1024  # slots a validate block stages in shared memory per step of the clash check
+CLASH_GRID = (16, 8)  # validate blocks: over tiles of writes, over tiles of slots to match
 PREPARE_WARPS = 4
 PASS_THREADS = 128
 ROWS_PER_THREAD = 16
@@ -57,6 +62,19 @@ def _write_slot(final_idx: cute.Tensor, ck_idx: cute.Tensor, w: Int64,
     return slot
 
 
+@cute.jit
+def _clash_slot(final_idx: cute.Tensor, ck_idx: cute.Tensor, init_idx: cute.Tensor, e: Int64,
+                num_writes: Int64, ck: cutlass.Constexpr) -> Int64:
+    """Entry e of the clash check: write destination e below num_writes (`_write_slot`), then
+    sequence e - num_writes's initial slot."""
+    slot = Int64(NULL_SLOT)
+    if e < num_writes:
+        slot = _write_slot(final_idx, ck_idx, e, ck)
+    else:
+        slot = init_idx[e - num_writes]
+    return slot
+
+
 @cute.kernel
 def validate_kernel(
     cu: cute.Tensor, live: cute.Tensor, init_idx: cute.Tensor, final_idx: cute.Tensor,
@@ -64,46 +82,83 @@ def validate_kernel(
     meta_capacity: Int64, token_capacity: Int64, num_slots: Int64, CK: cutlass.Constexpr,
 ):
     tid = Int64(cute.arch.thread_idx()[0])
+    bx, by, _ = cute.arch.block_idx()
+    first_block = Int32(0)
+    if bx == 0:
+        if by == 0:
+            first_block = Int32(1)
+    smem = SmemAllocator()
+    tile = smem.allocate_tensor(Int64, cute.make_layout(CLASH_TILE), byte_alignment=16)
     num_seqs = Int64(live[0])
     bits = Int32(0)
     if num_seqs < 1 or num_seqs > meta_capacity:
-        bits = bits | LENGTHS_BIT
+        if first_block != 0:
+            bits = bits | LENGTHS_BIT
     else:
-        if tid == 0:
-            if cu[0] != 0 or cu[num_seqs] > token_capacity:
-                bits = bits | LENGTHS_BIT
-        for n in cutlass.range(tid, num_seqs, VALIDATE_THREADS):
-            seqlen = cu[n + 1] - cu[n]
-            if seqlen < 0:
-                bits = bits | LENGTHS_BIT
-            init = init_idx[n]
-            final = final_idx[n]
-            if init < NULL_SLOT or init >= num_slots or final < NULL_SLOT or final >= num_slots:
-                bits = bits | RANGE_BIT
-            prev = Int64(-1)
-            for c in cutlass.range_constexpr(CK):
-                offset = ck_off[n * CK + c]
-                slot = ck_idx[n * CK + c]
-                if slot < NULL_SLOT or slot >= num_slots:
+        if first_block != 0:
+            if tid == 0:
+                if cu[0] != 0 or cu[num_seqs] > token_capacity:
+                    bits = bits | LENGTHS_BIT
+            for n in cutlass.range(tid, num_seqs, VALIDATE_THREADS):
+                seqlen = cu[n + 1] - cu[n]
+                if seqlen < 0:
+                    bits = bits | LENGTHS_BIT
+                init = init_idx[n]
+                final = final_idx[n]
+                if init < NULL_SLOT or init >= num_slots or final < NULL_SLOT or final >= num_slots:
                     bits = bits | RANGE_BIT
-                if slot != NULL_SLOT:
-                    if offset < 1 or offset > seqlen - 1 or offset <= prev:
-                        bits = bits | OFFSET_BIT
-                    if offset > prev:
-                        prev = offset
+                prev = Int64(-1)
+                for c in cutlass.range_constexpr(CK):
+                    offset = ck_off[n * CK + c]
+                    slot = ck_idx[n * CK + c]
+                    if slot < NULL_SLOT or slot >= num_slots:
+                        bits = bits | RANGE_BIT
+                    if slot != NULL_SLOT:
+                        if offset < 1 or offset > seqlen - 1 or offset <= prev:
+                            bits = bits | OFFSET_BIT
+                        if offset > prev:
+                            prev = offset
+        # Every active write destination distinct, and none on another sequence's initial
+        # slot: write a (a thread each) against entry e (writes, then initial slots), the
+        # entries staged CLASH_TILE at a time in shared memory; block (bx, by) takes the
+        # write tiles bx, bx + 16, ... against the entry tiles by, by + 8, ... (CLASH_GRID)
         num_writes = num_seqs * (1 + CK)
-        for a in cutlass.range(tid, num_writes, VALIDATE_THREADS):
-            slot_a = _write_slot(final_idx, ck_idx, a, CK)
-            if slot_a >= 0:
-                owner_a = a // (1 + CK)
-                for b in cutlass.range(num_writes):
-                    if b != a:
-                        if _write_slot(final_idx, ck_idx, b, CK) == slot_a:
-                            bits = bits | DUPLICATE_BIT
-                for m in cutlass.range(num_seqs):
-                    if m != owner_a:
-                        if init_idx[m] == slot_a:
-                            bits = bits | DUPLICATE_BIT
+        num_entries = num_writes + num_seqs
+        write_tiles = (num_writes + VALIDATE_THREADS - 1) // VALIDATE_THREADS
+        entry_tiles = (num_entries + CLASH_TILE - 1) // CLASH_TILE
+        for wt in cutlass.range(Int64(bx), write_tiles, CLASH_GRID[0]):
+            a = wt * VALIDATE_THREADS + tid
+            slot_a = Int64(NULL_SLOT)
+            if a < num_writes:
+                slot_a = _write_slot(final_idx, ck_idx, a, CK)
+            owner_a = a // (1 + CK)
+            for et in cutlass.range(Int64(by), entry_tiles, CLASH_GRID[1]):
+                e0 = et * CLASH_TILE
+                count = num_entries - e0  # the tile's entries
+                if count > CLASH_TILE:
+                    count = Int64(CLASH_TILE)
+                cute.arch.sync_threads()  # the tile before is read
+                for i in cutlass.range(tid, count, VALIDATE_THREADS):
+                    tile[i] = _clash_slot(final_idx, ck_idx, init_idx, e0 + i, num_writes, CK)
+                cute.arch.sync_threads()
+                if slot_a >= 0:
+                    # matches counted, less the two allowed: write a itself, and its own
+                    # sequence's initial slot (an in-place write)
+                    hits = Int32(0)
+                    for i in cutlass.range(count, unroll=8):
+                        if tile[i] == slot_a:
+                            hits = hits + 1
+                    allowed = Int32(0)
+                    if a >= e0:
+                        if a < e0 + count:
+                            allowed = allowed + 1
+                    own = num_writes + owner_a
+                    if own >= e0:
+                        if own < e0 + count:
+                            if tile[own - e0] == slot_a:
+                                allowed = allowed + 1
+                    if hits > allowed:
+                        bits = bits | DUPLICATE_BIT
     bits = cute.arch.warp_reduction(bits, lambda x, y: x | y)
     if tid % 32 == 0:
         if bits != 0:
@@ -293,7 +348,7 @@ def kda_validate(
 ):
     validate_kernel(cu, live, init_idx, final_idx, ck_off, ck_idx, err, meta_capacity,
                     token_capacity, num_slots, CK).launch(
-        grid=(1, 1, 1), block=(VALIDATE_THREADS, 1, 1), stream=stream)
+        grid=(CLASH_GRID[0], CLASH_GRID[1], 1), block=(VALIDATE_THREADS, 1, 1), stream=stream)
 
 
 @cute.jit

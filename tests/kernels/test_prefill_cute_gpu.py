@@ -173,6 +173,52 @@ def test_fault_leaves_pool_untouched(config):
     assert torch.isnan(result.o).all()
 
 
+# The validator's clash check in tiles (kernels/cute/source.py): 300 sequences at capacity 4
+# write 1,500 destinations (six tiles of 256 writes) matched against 1,800 entries (the writes,
+# then the initial slots: two tiles of 1,024). Each fault gives one write (kind, sequence,
+# checkpoint) the slot of an entry in another tile; "in place" makes every sequence's final slot
+# its own initial one, which is allowed.
+MANY_SEQS = 300
+CLASHES = {
+    "in place": None,
+    "first final = last checkpoint": (("final", 0, 0), ("checkpoint", MANY_SEQS - 1, 3)),
+    "first final = last initial": (("final", 0, 0), ("initial", MANY_SEQS - 1, 0)),
+    "last checkpoint = first initial": (("checkpoint", MANY_SEQS - 1, 3), ("initial", 0, 0)),
+}
+
+
+@pytest.mark.parametrize("clash", list(CLASHES))
+def test_write_slot_clashes_across_tiles(clash):
+    lengths = [6] * MANY_SEQS
+    x = make_inputs(lengths, 1, 64, seed=3, device=DEVICE)
+    tensors, offsets, _, num_slots = metadata(lengths, 4, torch.int32, seed=3)
+    slots = {"initial": tensors["initial_state_indices"],
+             "final": tensors["final_state_indices"],
+             "checkpoint": tensors["checkpoint_state_indices"]}
+
+    def at(kind: str, n: int, c: int) -> tuple:
+        return (slots[kind], (n, c) if kind == "checkpoint" else n)
+
+    fault = CLASHES[clash]
+    if fault is None:
+        slots["final"].copy_(slots["initial"])
+    else:
+        (dst, i), (src, j) = at(*fault[0]), at(*fault[1])
+        dst[i] = src[j]
+    expected = expected_error_code(tensors["cu_seqlens"].tolist(), MANY_SEQS,
+                                   slots["initial"].tolist(), slots["final"].tolist(), offsets,
+                                   slots["checkpoint"].tolist(), num_slots, x.q.shape[0])
+    assert expected == (0 if fault is None else int(MetadataFault.DUPLICATE_WRITE_SLOT))
+    pool = torch.full((num_slots, 1, 64, 64), SENTINEL, device=DEVICE)
+    pool[:MANY_SEQS] = x.initial_state
+    before = pool.clone()
+    result = cute_prefill(x, tensors, pool, CuteConfig())
+    assert int(result.error_code) == expected
+    if fault is not None:
+        assert torch.equal(pool, before)
+        assert torch.isnan(result.o).all()
+
+
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_cuda_graph_replays_with_new_metadata(config):
     x, tensors, _, _, pool = prepared("K128-H8-ragged-precomputed-C4")
