@@ -15,7 +15,7 @@ from .prepare_blocks import (
     kda_chunk_solve_kernel,
 )
 from .segments import kda_segment_scan_kernel, kda_segment_transition_kernel
-from .validate import kda_validate_kernel
+from .validate import kda_clash_kernel, kda_validate_kernel
 
 GATE_CODES = {"precomputed": 0, "sigmoid": 1, "softplus": 2}
 VALIDATE_BLOCK = 64
@@ -108,15 +108,23 @@ def allocate_workspaces(num_heads: int, head_dim: int, max_tokens: int, max_seqs
 
 
 def validate(binding) -> None:
-    """Launch the one-program validation prologue; it writes the error code and chunk offsets."""
+    """Launch the validation prologue: one program writes the error code and chunk offsets,
+    then one program per pair of write-slot tiles ORs in the clashes (validate.py)."""
     plan = binding.plan
+    meta_capacity = binding.cu_seqlens.numel() - 1
+    capacity = plan.caps.max_checkpoints
     kda_validate_kernel[(1,)](
         binding.cu_seqlens, binding.num_seqs, binding.initial_state_indices,
         binding.final_state_indices, binding.checkpoint_offsets,
         binding.checkpoint_state_indices, plan.error_code, plan.workspaces["chunk_offsets"],
-        binding.cu_seqlens.numel() - 1, binding.q.shape[0], binding.state_pool.shape[0],
-        CK=plan.caps.max_checkpoints, CHUNK=plan.config.chunk_size, BLOCK=VALIDATE_BLOCK,
-        num_warps=4,
+        meta_capacity, binding.q.shape[0], binding.state_pool.shape[0],
+        CK=capacity, CHUNK=plan.config.chunk_size, BLOCK=VALIDATE_BLOCK, num_warps=4,
+    )
+    write_tiles = triton.cdiv(meta_capacity * (1 + capacity), VALIDATE_BLOCK)
+    kda_clash_kernel[(write_tiles, write_tiles + triton.cdiv(meta_capacity, VALIDATE_BLOCK))](
+        binding.initial_state_indices, binding.final_state_indices,
+        binding.checkpoint_state_indices, binding.num_seqs, plan.error_code, meta_capacity,
+        CK=capacity, BLOCK=VALIDATE_BLOCK, num_warps=4,
     )
 
 

@@ -1,9 +1,11 @@
-"""Device-side metadata validation: one program checks every rule and writes the error code.
+"""Device-side metadata validation: one program checks every rule but the write-slot clashes
+and writes the error code; kda_clash_kernel then compares the write slots tile against tile, one
+program per pair of tiles, and ORs the duplicate bit into that code.
 
-It runs before the prefill kernels on the same stream; they read the code first and touch
+Both run before the prefill kernels on the same stream; those read the code first and touch
 nothing but the output (NaN) when it is non-zero, so a bad call never writes the pool. On the
-way it writes chunk_offsets[n] (the first global chunk of sequence n), which the prefill uses
-to map chunks to sequences.
+way the first writes chunk_offsets[n] (the first global chunk of sequence n), which the prefill
+uses to map chunks to sequences.
 """
 
 from __future__ import annotations
@@ -99,24 +101,33 @@ def kda_validate_kernel(
         bad_offset = tl.reshape(bad_offset, (BLOCK * CK * CK,))
         err = err | tl.where(tl.max(bad_offset, axis=0) > 0, OFFSET_BIT, 0)
         tl.store(chunk_offsets + num_seqs, chunks_before)
-        # Every active write destination distinct, and none on another sequence's initial slot.
-        # Clashes accumulate elementwise and are reduced once: a reduction (and branch) per block
-        # pair would serialise the loads, which dominate this program at many sequences.
-        num_writes = num_seqs * (1 + CK)
-        clash = tl.full((BLOCK, BLOCK), 0, tl.int32)
-        for a0 in range(0, num_writes, BLOCK):
-            wa = a0 + rb
-            slot_a, owner_a = _write_slot(final_idx, ck_idx, wa, num_seqs, CK)
-            for b0 in range(0, num_writes, BLOCK):
-                wb = b0 + rb
-                slot_b, _ = _write_slot(final_idx, ck_idx, wb, num_seqs, CK)
-                same = (slot_a[:, None] == slot_b[None, :]) & (slot_a[:, None] >= 0)
-                clash = clash | (same & (wa[:, None] != wb[None, :])).to(tl.int32)
-            for m0 in range(0, num_seqs, BLOCK):
-                m = m0 + rb
-                init_m = tl.load(init_idx + m, mask=m < num_seqs, other=NULL).to(tl.int64)
-                alias = (slot_a[:, None] == init_m[None, :]) & (slot_a[:, None] >= 0)
-                clash = clash | (alias & (owner_a[:, None] != m[None, :])).to(tl.int32)
-        err = err | tl.where(tl.max(tl.reshape(clash, (BLOCK * BLOCK,)), axis=0) > 0,
-                             DUPLICATE_BIT, 0)
     tl.store(err_ptr, err)
+
+
+@triton.jit
+def kda_clash_kernel(init_idx, final_idx, ck_idx, num_seqs_ptr, err_ptr, meta_capacity,
+                     CK: tl.constexpr, BLOCK: tl.constexpr):
+    """Every active write destination distinct, and none on another sequence's initial slot:
+    program (a, b) compares write tile a with write tile b, or, past the live write tiles, with
+    tile b - (write tiles) of the initial slots, and ORs the duplicate bit into the error code on
+    a clash. The grid covers the metadata's capacity; tiles past the live count do nothing."""
+    num_seqs = tl.load(num_seqs_ptr).to(tl.int64)
+    a0 = tl.program_id(0) * BLOCK
+    num_writes = num_seqs * (1 + CK)
+    if (num_seqs >= 1) & (num_seqs <= meta_capacity) & (a0 < num_writes):
+        rb = tl.arange(0, BLOCK)
+        wa = a0 + rb
+        slot_a, owner_a = _write_slot(final_idx, ck_idx, wa, num_seqs, CK)
+        write_tiles = (num_writes + BLOCK - 1) // BLOCK
+        b = tl.program_id(1)
+        if b < write_tiles:
+            wb = b * BLOCK + rb
+            slot_b, _ = _write_slot(final_idx, ck_idx, wb, num_seqs, CK)
+            clash = (slot_a[:, None] == slot_b[None, :]) & (wa[:, None] != wb[None, :])
+        else:
+            m = (b - write_tiles) * BLOCK + rb
+            init_m = tl.load(init_idx + m, mask=m < num_seqs, other=NULL).to(tl.int64)
+            clash = (slot_a[:, None] == init_m[None, :]) & (owner_a[:, None] != m[None, :])
+        clash = clash & (slot_a[:, None] >= 0)
+        if tl.max(tl.reshape(clash.to(tl.int32), (BLOCK * BLOCK,)), axis=0) > 0:
+            tl.atomic_or(err_ptr, DUPLICATE_BIT)

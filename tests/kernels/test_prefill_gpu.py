@@ -6,7 +6,8 @@
     pipelines (fused, split) under explicit bf16 configs at chunks 16 and 64;
 (b) exported states at chunk-aligned offsets equal, bit for bit, the final state of a separate
     kernel run over the prefix; unaligned ones lie within the state tolerance of it;
-(c) every fault class leaves the whole pool torch.equal to its copy, sets its bit, NaNs the output;
+(c) every fault class leaves the whole pool torch.equal to its copy, sets its bit, NaNs the output,
+    clashes of write slots across the validator's tiles among them;
 (d) one CUDA graph captured once over a planned binding, replayed with new lengths, offsets,
     slots and live sequence counts, each replay checked against the oracle;
 (e) a pool whose written slots lie past 2^31 elements.
@@ -466,6 +467,67 @@ def test_split_pipeline_fault_leaves_pool_untouched(mutate, fault, config, range
     binding = bind(plan(caps, config), x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
                    **call.tensors())
     assert_rejected(run(binding), pool, pool_before, fault)
+
+
+# The clash check over tile pairs (kernels/triton/validate.py, kda_clash_kernel): 300 sequences
+# at capacity 4 write 1,500 destinations, 24 tiles of 64, checked against each other and against
+# the 5 tiles of initial slots, one program per pair, each ORing its finding into the code on the
+# device. Each fault gives one write (kind, sequence, checkpoint) the slot of an entry in another
+# tile; "in place" makes every sequence's final slot its own initial one, which is allowed.
+CLASH_SEQS = 300
+CLASHES = {
+    "in place": None,
+    "first final = last checkpoint": (("final", 0, 0), ("checkpoint", CLASH_SEQS - 1, 3)),
+    "first final = last initial": (("final", 0, 0), ("initial", CLASH_SEQS - 1, 0)),
+    "last checkpoint = first initial": (("checkpoint", CLASH_SEQS - 1, 3), ("initial", 0, 0)),
+}
+
+
+@pytest.mark.parametrize("clash", list(CLASHES))
+def test_write_slot_clashes_across_tiles(clash):
+    from kdabench.oracles.metadata import expected_error_code
+
+    n, length = CLASH_SEQS, 6
+    x = make_inputs([length] * n, 1, 64, seed=3, device=DEVICE)
+    slots = {"initial": list(range(n)), "final": list(range(n, 2 * n)),
+             "checkpoint": [[2 * n + CAPACITY * i + c for c in range(CAPACITY)] for i in range(n)]}
+    offsets = [[1, 2, 3, 5]] * n
+    fault = CLASHES[clash]
+    if fault is None:
+        slots["final"] = list(slots["initial"])
+    else:
+        (dst, i, c), (src, j, d) = fault
+
+        def cell(kind, row, column):
+            return (slots[kind][row], column) if kind == "checkpoint" else (slots[kind], row)
+
+        target, at = cell(dst, i, c)
+        source, frm = cell(src, j, d)
+        target[at] = source[frm]
+    num_slots = (2 + CAPACITY) * n
+    cu = [length * i for i in range(n + 1)]
+    expected = expected_error_code(cu, n, slots["initial"], slots["final"], offsets,
+                                   slots["checkpoint"], num_slots, x.q.shape[0])
+    assert expected == (0 if fault is None else int(MetadataFault.DUPLICATE_WRITE_SLOT))
+    pool = torch.full((num_slots, 1, 64, 64), SENTINEL, device=DEVICE)
+    pool[:n] = x.initial_state
+    before = pool.clone()
+
+    def index(values):
+        return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+    result = kda_prefill(
+        x.q, x.k, x.v, x.g, x.beta, state_pool=pool, cu_seqlens=index(cu),
+        initial_state_indices=index(slots["initial"]), final_state_indices=index(slots["final"]),
+        checkpoint_offsets=index(offsets), checkpoint_state_indices=index(slots["checkpoint"]),
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    assert int(result.error_code) == expected, result.message()
+    if fault is None:
+        assert not torch.equal(pool, before)
+    else:
+        assert torch.equal(pool, before)
+        assert torch.isnan(result.o).all()
 
 
 @pytest.mark.parametrize("num_seqs", [0, len(FAULT_LENGTHS) + 1], ids=["zero", "above-capacity"])

@@ -22,10 +22,11 @@ import pytest
 from kdabench.kernels.config import SHARED_MEMORY_BUDGET_BYTES
 
 SCRIPT = Path(__file__).with_name("triton_offline_compile.py")
-KERNELS = {"kda_validate_kernel", "kda_chunk_prepare_kernel", "kda_state_pass_kernel",
-           "kda_checkpoint_kernel", "kda_chunk_decay_kernel", "kda_chunk_blocks_kernel",
-           "kda_chunk_solve_kernel", "kda_output_kernel", "kda_segment_transition_kernel",
-           "kda_segment_scan_kernel", "kda_chunk_inverse_kernel"}
+KERNELS = {"kda_validate_kernel", "kda_clash_kernel", "kda_chunk_prepare_kernel",
+           "kda_state_pass_kernel", "kda_checkpoint_kernel", "kda_chunk_decay_kernel",
+           "kda_chunk_blocks_kernel", "kda_chunk_solve_kernel", "kda_output_kernel",
+           "kda_segment_transition_kernel", "kda_segment_scan_kernel",
+           "kda_chunk_inverse_kernel"}
 H200_SHARED_BYTES = 227 * 1024
 
 
