@@ -12,9 +12,10 @@ A profile (kernels/profiles.py) names both schemas; one that does not match the 
 refused with `KdaPolicyError`. Bump a version when a field changes meaning; adding or
 removing a field changes the schema by itself (the field names are part of it).
 
-Config schema v2 added `segments`, v3 `solve`. Older profiles still load: their entries were
-tuned with the serial walk (segments = 1) and the substitution solve (CONFIG_ADDITIONS names
-what each version added, and a profile of an older one gets every later addition).
+Config schema v2 added `segments`, v3 `solve`, v4 `checkpoints`. Older profiles still load:
+their entries were tuned with the serial walk (segments = 1), the substitution solve and the
+checkpoint kernel (CONFIG_ADDITIONS names what each version added, and a profile of an older
+one gets every later addition).
 
 `config_problems` is the validity rule every config must pass (an explicit one in plan(),
 a profile entry, a tuning candidate); `shared_memory_estimate` is the tuner's pre-filter.
@@ -32,10 +33,11 @@ from . import config as kernel_config
 from .config import Caps, KernelConfig
 
 QUERY_VERSION = 1
-CONFIG_VERSION = 3
+CONFIG_VERSION = 4
 # per config schema version: the fields it added, with the value entries of earlier versions
 # ran with
-CONFIG_ADDITIONS: dict[int, dict[str, Any]] = {2: {"segments": 1}, 3: {"solve": "substitution"}}
+CONFIG_ADDITIONS: dict[int, dict[str, Any]] = {2: {"segments": 1}, 3: {"solve": "substitution"},
+                                               4: {"checkpoints": "kernel"}}
 QUERY_FIELDS = ("heads", "head_dim", "dtype", "capacity", "gate", "token_bucket", "seq_bucket")
 WARP_COUNTS = (1, 2, 4, 8, 16)
 DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
@@ -180,7 +182,8 @@ def config_problems(config: KernelConfig, head_dim: int) -> list[str]:
     num_stages >= 1; dot_precision one of Triton's input precisions; operand_dtype one of
     kernels.config.OPERAND_DTYPES; pipeline one of kernels.config.PIPELINES; segments in
     1..kernels.config.MAX_SEGMENTS; solve one of kernels.config.SOLVES, "inverse" only with
-    the split pipeline. Fields KernelConfig does not have are not checked.
+    the split pipeline; checkpoints one of kernels.config.CHECKPOINT_PATHS. Fields
+    KernelConfig does not have are not checked.
     """
     problems = []
     values = config_to_dict(config)
@@ -217,6 +220,10 @@ def config_problems(config: KernelConfig, head_dim: int) -> list[str]:
         problems.append(f"solve {solve!r} must be one of {kernel_config.SOLVES}")
     elif solve == "inverse" and pipeline not in (None, "split"):
         problems.append(f"solve 'inverse' runs in the split pipeline only (got {pipeline!r})")
+    checkpoints = values.get("checkpoints")
+    if checkpoints is not None and checkpoints not in kernel_config.CHECKPOINT_PATHS:
+        problems.append(f"checkpoints {checkpoints!r} must be one of "
+                        f"{kernel_config.CHECKPOINT_PATHS}")
     operand_dtypes = getattr(kernel_config, "OPERAND_DTYPES", None)
     operand = values.get("operand_dtype")
     if operand is not None and operand_dtypes is not None and operand not in operand_dtypes:

@@ -10,13 +10,14 @@ import torch
 # kdabench.qualify.run, which still reads it from here.
 from .contract import AUTO_BACKEND, BACKENDS, GATE_MODES, MIN_LOWER_BOUND, VALIDATION_MODES
 
-__all__ = ["AUTO_BACKEND", "BACKENDS", "CHUNK_SIZE", "MAX_SEGMENTS", "OPERAND_DTYPES", "PIPELINES",
-           "SHARED_MEMORY_BUDGET_BYTES", "SOLVES",
+__all__ = ["AUTO_BACKEND", "BACKENDS", "CHECKPOINT_PATHS", "CHUNK_SIZE", "MAX_SEGMENTS",
+           "OPERAND_DTYPES", "PIPELINES", "SHARED_MEMORY_BUDGET_BYTES", "SOLVES",
            "Caps", "CuteConfig", "KernelConfig"]
 
 OPERAND_DTYPES = ("float32", "bfloat16")
 PIPELINES = ("fused", "split")
 SOLVES = ("substitution", "inverse")
+CHECKPOINT_PATHS = ("kernel", "pass")
 CHUNK_SIZE = 32
 SHARED_MEMORY_BUDGET_BYTES = 99 * 1024
 MAX_SEGMENTS = 16
@@ -70,7 +71,11 @@ class KernelConfig:
     turns the chunk's triangular system into W and U: "substitution" solves it by block forward
     substitution in every column-block program; "inverse" forms the chunk's full inverse
     (I + M)^-1 once per chunk and head, then each column block is one product with it
-    (kernels/triton/prepare_blocks.py).
+    (kernels/triton/prepare_blocks.py). checkpoints: where an interior checkpoint (one strictly
+    inside a chunk) is finished: "kernel" leaves the chunk-start state in its slot for a
+    parallel checkpoint kernel after the pass (a second write and a read-back, off the pass's
+    chain); "pass" forms it in the pass and writes it once (on the program's chain: faster
+    where checkpoints are dense, slower on long single sequences; kernels/triton/prefill.py).
     """
 
     chunk_size: int = CHUNK_SIZE
@@ -83,6 +88,7 @@ class KernelConfig:
     pipeline: str = "fused"
     segments: int = 1
     solve: str = SOLVES[0]
+    checkpoints: str = CHECKPOINT_PATHS[0]
 
 
 @dataclass(frozen=True)

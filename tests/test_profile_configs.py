@@ -84,7 +84,8 @@ def test_the_default_matrix_runs_it_on_both_tiers():
 
 
 def test_config_label_names_every_field():
-    assert config_label(LARGE) == "c32 bv32 w4 s3 pw4 tf32 float32 fused seg1 substitution"
+    assert config_label(LARGE) == ("c32 bv32 w4 s3 pw4 tf32 float32 fused seg1 substitution "
+                                   "checkpoints-in-kernel")
 
 
 @pytest.mark.interpreter
@@ -108,9 +109,10 @@ def test_each_distinct_config_is_run_and_checked(tmp_path, profile_folder, plann
         assert 0 < checked["errors"]["final_state"] < 3e-3
     lines = case["checks"]["configs"]
     assert lines[0].startswith("c16 bv16 w4 s2 pw4 tf32 float32 fused seg1 substitution "
+                               "checkpoints-in-kernel "
                                f"(profile entry for {query().describe()}): output ")
     assert lines[1].startswith("c32 bv32 w4 s3 pw4 tf32 float32 fused seg1 substitution "
-                               "(profile entries for ")
+                               "checkpoints-in-kernel (profile entries for ")
     assert all(" <= 5.0e-03" in line and line.endswith("unwritten slots unchanged -> pass")
                for line in lines)
     assert case["errors"]["output"] == max(small["errors"]["output"], large["errors"]["output"])
@@ -133,7 +135,8 @@ def test_one_wrong_config_fails_the_case(tmp_path, profile_folder, monkeypatch):
     case = run_case(tmp_path)
     assert case["verdict"] == "fail"
     assert case["message"].startswith(
-        "c16 bv16 w4 s2 pw4 tf32 float32 fused seg1 substitution: output ")
+        "c16 bv16 w4 s2 pw4 tf32 float32 fused seg1 substitution checkpoints-in-kernel: "
+        "output ")
     assert "final_state" in case["message"] and "c32" not in case["message"]
     small, large = case["details"]["configs"]
     assert (small["verdict"], large["verdict"]) == ("fail", "pass")

@@ -31,11 +31,12 @@ if TYPE_CHECKING:
     from kdabench.kernels import KernelConfig
 
 _SHORT = {"chunk_size": "c", "block_v": "bv", "num_warps": "w", "num_stages": "s",
-          "prepare_warps": "pw", "segments": "seg"}
+          "prepare_warps": "pw", "segments": "seg", "checkpoints": "checkpoints-in-"}
 
 
 def config_label(config: KernelConfig) -> str:
-    """A KernelConfig in a few words: "c16 bv32 w4 s2 pw4 tf32 bfloat16 split seg1 inverse"."""
+    """A KernelConfig in a few words: "c16 bv32 w4 s2 pw4 tf32 bfloat16 split seg1 inverse
+    checkpoints-in-kernel"."""
     return " ".join(f"{_SHORT[name]}{value}" if name in _SHORT
                     else value if isinstance(value, str) else f"{name}={value}"
                     for name, value in dataclasses.asdict(config).items())

@@ -40,7 +40,6 @@ SPLIT_RANGES = 8
 CHUNKS_PER_RANGE_CAPTURED = 64
 CHUNKS_PER_RANGE_EAGER = 256
 KERNEL_WORKSPACES = ("ws_G", "ws_QG", "ws_KD", "ws_GL", "ws_W", "ws_U", "ws_Aqk")  # argument order
-STATE_WORKSPACES = KERNEL_WORKSPACES[1:]  # the state pass reads all but G
 
 
 def interpreted() -> bool:
@@ -131,7 +130,8 @@ def validate(binding) -> None:
 def prefill(binding) -> None:
     """Launch stage 1 (per chunk and head; the split pipeline per sub-block and column block
     too), stage 2 (per sequence, V block and head), the interior checkpoints (per checkpoint,
-    V block and head) and, split, the output (per chunk, V block and head)."""
+    V block and head, unless the pass forms them: config.checkpoints) and, split, the output
+    (per chunk, V block and head)."""
     plan = binding.plan
     caps, config, ws = plan.caps, plan.config, plan.workspaces
     H, K = caps.num_heads, caps.head_dim
@@ -150,6 +150,26 @@ def prefill(binding) -> None:
     else:
         _fused_stage_one(binding, stride_slots, bound_slots)
         _state_pass(binding, stride_slots, 0, 0, bound_slots)
+    if config.checkpoints == "kernel":
+        _checkpoint_kernel(binding, stride_slots)
+    if split:
+        block_v = min(K, OUTPUT_BLOCK_V)
+        kda_output_kernel[(bound_slots, K // block_v, H)](
+            binding.out, binding.cu_seqlens, binding.num_seqs, ws["chunk_offsets"],
+            ws["ws_QG"], ws["ws_Aqk"], ws["ws_U"], ws["ws_S"], plan.error_code, binding.scale,
+            stride_slots, H=H, K=K, V=K, BV=block_v, CHUNK=config.chunk_size,
+            DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(),
+            SEARCH_BLOCK=SEARCH_BLOCK, num_warps=config.prepare_warps,
+        )
+
+
+def _checkpoint_kernel(binding, stride_slots: int) -> None:
+    """Finish each interior checkpoint the pass staged in its slot (per checkpoint, V block and
+    head; config.checkpoints "kernel")."""
+    plan = binding.plan
+    caps, config, ws = plan.caps, plan.config, plan.workspaces
+    H, K = caps.num_heads, caps.head_dim
+    meta_capacity = binding.cu_seqlens.numel() - 1
     checkpoint_block_v = min(K, CHECKPOINT_BLOCK_V)
     kda_checkpoint_kernel[(meta_capacity * caps.max_checkpoints, K // checkpoint_block_v, H)](
         binding.k, binding.state_pool, binding.cu_seqlens, binding.num_seqs, ws["chunk_offsets"],
@@ -160,15 +180,6 @@ def prefill(binding) -> None:
         DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(),
         num_warps=config.prepare_warps,
     )
-    if split:
-        block_v = min(K, OUTPUT_BLOCK_V)
-        kda_output_kernel[(bound_slots, K // block_v, H)](
-            binding.out, binding.cu_seqlens, binding.num_seqs, ws["chunk_offsets"],
-            ws["ws_QG"], ws["ws_Aqk"], ws["ws_U"], ws["ws_S"], plan.error_code, binding.scale,
-            stride_slots, H=H, K=K, V=K, BV=block_v, CHUNK=config.chunk_size,
-            DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(),
-            SEARCH_BLOCK=SEARCH_BLOCK, num_warps=config.prepare_warps,
-        )
 
 
 def _fused_stage_one(binding, stride_slots: int, bound_slots: int) -> None:
@@ -201,16 +212,17 @@ def _state_pass(binding, stride_slots: int, part: int, chunk_lo: int, chunk_hi: 
     ranges = part if parallel else 1
     spare = ws["ws_U"]  # stands for the workspaces a variant does not read
     kda_state_pass_kernel[(meta_capacity * ranges, triton.cdiv(K, config.block_v), H)](
-        binding.out, binding.state_pool, binding.cu_seqlens,
+        binding.out, binding.k, binding.state_pool, binding.cu_seqlens,
         binding.num_seqs, ws["chunk_offsets"], binding.initial_state_indices,
         binding.final_state_indices, binding.checkpoint_offsets,
-        binding.checkpoint_state_indices, *(ws[name] for name in STATE_WORKSPACES),
+        binding.checkpoint_state_indices, *(ws[name] for name in KERNEL_WORKSPACES),
         *(ws.get(name, spare) for name in ("ws_S", "ws_carry", "ws_entry")),
         plan.error_code, binding.scale, binding.out.shape[0], meta_capacity, stride_slots,
         part, chunk_lo, chunk_hi,
         H=H, K=K, V=K, BV=config.block_v, CHUNK=config.chunk_size, CK=caps.max_checkpoints,
         DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(),
         SPLIT_OUTPUT=config.pipeline == "split", FILL_ROWS=FILL_ROWS, PARALLEL=parallel,
+        QK_L2NORM=caps.qk_l2norm, CHECKPOINTS_IN_PASS=config.checkpoints == "pass",
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 

@@ -20,10 +20,14 @@ that starts inside the range and runs past it, from the copy of its initial stat
 transition pass took (the last range may write that slot while the first would still read it).
 
 A checkpoint at in-chunk position p < CHUNK is the same update truncated to the chunk's first p
-tokens (from G and k): the pass leaves the chunk-start state in the checkpoint's slot and the
-chunk's delta in ws_U, and kda_checkpoint_kernel finishes every such checkpoint in parallel after
-it (a tail in the pass would lengthen every program and its register budget, the export
-overhead); one at p == CHUNK is the chunk-end state itself,
+tokens, exp(G_p) S + (k exp(G_p - G))[:p]^T delta[:p] (G from ws_G, k from the caller's keys),
+behind the loop's one scalar test per chunk. Where it is finished is the config's
+`checkpoints`: "kernel" (CHECKPOINTS_IN_PASS off) leaves the chunk-start state in the
+checkpoint's slot and the chunk's delta in ws_U, and kda_checkpoint_kernel finishes every such
+checkpoint in parallel after the pass (off the programs' chains, at the price of a second write
+and a read-back of the slot); "pass" forms it in the pass from the chunk-start state and delta
+in registers and writes it once (on the program's chain). One at p == CHUNK is the chunk-end
+state itself,
 so chunk-aligned checkpoints equal, bit for bit, the final state of a run over the prefix. The
 chunk mirror in kdabench.oracles spells out the same algorithm in plain torch. On a non-zero
 error code the program only poisons its share of the output with NaN and never touches the
@@ -36,6 +40,8 @@ import triton
 import triton.language as tl
 
 from .common import chunk_of, load_keys, mma, pool_tile, row_of, segment_bounds
+
+SLICE = tl.constexpr(16)  # tokens per step of an interior checkpoint's truncated product
 
 
 @triton.jit
@@ -71,6 +77,57 @@ def _stage_interior(pool, ws_U, state, delta, ck_off, ck_idx, n, ws_rows, start,
 
 
 @triton.jit
+def _token_rows(x, s0: tl.constexpr, CHUNK: tl.constexpr):
+    """Rows [s0, s0 + SLICE) of a [CHUNK, N] tensor held in registers (CHUNK 16, 32 or 64), by
+    reshapes and splits: no round trip through memory, so no barrier in the pass's loop (one
+    there stops Triton from pipelining the loop's loads)."""
+    if CHUNK == SLICE:
+        return x
+    elif CHUNK == 2 * SLICE:
+        lo, hi = tl.split(tl.permute(tl.reshape(x, (2, SLICE, x.shape[1])), (1, 2, 0)))
+        return lo if s0 == 0 else hi
+    else:
+        tl.static_assert(CHUNK == 4 * SLICE, "chunks of 16, 32 or 64 tokens")
+        quarters = tl.permute(tl.reshape(x, (2, 2, SLICE, x.shape[1])), (2, 3, 0, 1))
+        even, odd = tl.split(quarters)  # (s0 // SLICE) % 2
+        lo, hi = tl.split(odd if (s0 // SLICE) % 2 == 1 else even)  # s0 // (2 * SLICE)
+        return hi if s0 >= 2 * SLICE else lo
+
+
+@triton.jit
+def _interior_checkpoints(k, pool, ws_G, state, step, ck_off, ck_idx, n, bos, gl_row, start, h,
+                          rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                          CHUNK: tl.constexpr, CK: tl.constexpr, QK_L2NORM: tl.constexpr,
+                          DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr):
+    """Each checkpoint strictly inside this chunk, at in-chunk position p, to its slot: the
+    chunk's update truncated to its first p tokens, from the chunk-start state and the chunk's
+    delta (`step`, in the dots' operand dtype), called before the state update. The truncated
+    product runs over 16-token slices (G and k from memory, delta's rows from the registers),
+    so that the tail holds no [CHUNK, K] tile: whole-chunk tiles raised the split pass at chunk
+    64 from 130 to 246 registers (sm_90). The loop over checkpoints is unrolled (static_range):
+    rolled, it cost capacity 4 30-50% more instructions per chunk than capacity 1 even where no
+    checkpoint falls (sm_90 SASS)."""
+    rs = tl.arange(0, SLICE)
+    for c in tl.static_range(CK):
+        offset = tl.load(ck_off + n * CK + c).to(tl.int64)
+        slot = tl.load(ck_idx + n * CK + c).to(tl.int64)
+        if (slot >= 0) & (offset > start) & (offset < start + CHUNK):
+            p = offset - start
+            Gp = tl.load(ws_G + (gl_row * CHUNK + p - 1) * K + rk)
+            partial = tl.exp(Gp)[:, None] * state
+            for s0 in tl.static_range(0, CHUNK, SLICE):
+                if s0 < p:
+                    rows = gl_row * CHUNK + s0 + rs
+                    G = tl.load(ws_G + rows[:, None] * K + rk[None, :])
+                    kk = load_keys(k, (bos + start + s0 + rs) * H + h, rk, s0 + rs < p, K,
+                                   QK_L2NORM)
+                    kp = (kk * tl.exp(tl.minimum(Gp[None, :] - G, 0.0))).to(step.dtype)
+                    partial += mma(tl.trans(kp), _token_rows(step, s0, CHUNK), DOT_PRECISION,
+                                   UPCAST_DOTS)
+            tl.store(pool_tile(pool, slot, h, rk, rv, H, K, V), partial)
+
+
+@triton.jit
 def _slot_at(ck_off, ck_idx, n, offset, CK: tl.constexpr):
     """The slot of sequence n's active checkpoint at `offset`, -1 when none."""
     found = tl.full((), -1, tl.int64)
@@ -95,11 +152,12 @@ def _next_checkpoint(ck_off, ck_idx, n, after, none_offset, CK: tl.constexpr):
 
 @triton.jit
 def _state_pass(
-    out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
+    out, k, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx, ws_G,
     ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry, scale, num_chunk_slots,
     part, chunk_lo, chunk_hi, n, iv, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, PARALLEL: tl.constexpr,
+    QK_L2NORM: tl.constexpr, CHECKPOINTS_IN_PASS: tl.constexpr,
 ):
     bos = tl.load(cu_seqlens + n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
@@ -125,9 +183,10 @@ def _state_pass(
         else:  # the state where the range before this one left it
             state = tl.load(carried - H * K * V)
         state = _walk_chunks(
-            out, pool, ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, state,
-            scale, num_chunk_slots, bos, seqlen, first_chunk, lo * CHUNK, hi * CHUNK, n, h, rk,
-            rv, H, K, V, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT)
+            out, k, pool, ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S,
+            state, scale, num_chunk_slots, bos, seqlen, first_chunk, lo * CHUNK, hi * CHUNK, n,
+            h, rk, rv, H, K, V, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, QK_L2NORM,
+            CHECKPOINTS_IN_PASS)
         if hi == chunks:
             final_slot = tl.load(final_idx + n).to(tl.int64)
             if final_slot >= 0:
@@ -138,10 +197,11 @@ def _state_pass(
 
 @triton.jit
 def _walk_chunks(
-    out, pool, ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, state, scale,
-    num_chunk_slots, bos, seqlen, first_chunk, begin, end, n, h, rk, rv, H: tl.constexpr,
-    K: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr,
+    out, k, pool, ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, state,
+    scale, num_chunk_slots, bos, seqlen, first_chunk, begin, end, n, h, rk, rv,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
+    QK_L2NORM: tl.constexpr, CHECKPOINTS_IN_PASS: tl.constexpr,
 ):
     """The state from token `begin` to `end` (chunk boundaries) of sequence n, chunk by chunk,
     with the output (fused) or the chunk-start states (split) and the checkpoints on the way."""
@@ -170,8 +230,13 @@ def _walk_chunks(
             tl.store(out + ((bos + start + rc) * H + h)[:, None] * V + rv[None, :],
                      o.to(out.dtype.element_ty), mask=(start + rc < seqlen)[:, None])
         if next_checkpoint < start + CHUNK:
-            _stage_interior(pool, ws_U, state, delta, ck_off, ck_idx, n, ws_rows, start, h, rk,
-                            rv, H, K, V, CHUNK, CK, SPLIT_OUTPUT)
+            if CHECKPOINTS_IN_PASS:
+                _interior_checkpoints(k, pool, ws_G, state, step, ck_off, ck_idx, n, bos, gl_row,
+                                      start, h, rk, rv, H, K, V, CHUNK, CK, QK_L2NORM,
+                                      DOT_PRECISION, UPCAST_DOTS)
+            else:
+                _stage_interior(pool, ws_U, state, delta, ck_off, ck_idx, n, ws_rows, start, h,
+                                rk, rv, H, K, V, CHUNK, CK, SPLIT_OUTPUT)
         state = decay[:, None] * state + mma(kd_t, step, DOT_PRECISION, UPCAST_DOTS)
         if next_checkpoint <= start + CHUNK:
             end_slot = _slot_at(ck_off, ck_idx, n, start + CHUNK, CK)
@@ -183,13 +248,13 @@ def _walk_chunks(
 
 @triton.jit
 def kda_state_pass_kernel(
-    out, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
-    ck_off, ck_idx, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry, err_ptr,
-    scale, token_capacity, meta_capacity, num_chunk_slots, part, chunk_lo, chunk_hi,
+    out, k, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
+    ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry,
+    err_ptr, scale, token_capacity, meta_capacity, num_chunk_slots, part, chunk_lo, chunk_hi,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, FILL_ROWS: tl.constexpr,
-    PARALLEL: tl.constexpr,
+    PARALLEL: tl.constexpr, QK_L2NORM: tl.constexpr, CHECKPOINTS_IN_PASS: tl.constexpr,
 ):
     """One program per (sequence slot, V block, head); with PARALLEL, `part` is the range
     count and the first axis runs over (range, sequence slot)."""
@@ -208,17 +273,19 @@ def kda_state_pass_kernel(
                 index = part - 1 - pid // meta_capacity
                 range_lo, range_hi = segment_bounds(chunk_offsets, num_seqs, index, part)
                 _state_pass(
-                    out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-                    ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry, scale,
-                    num_chunk_slots, index, range_lo, range_hi, n, iv, h, H, K, V, BV, CHUNK,
-                    CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, PARALLEL,
+                    out, k, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off,
+                    ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry,
+                    ws_entry, scale, num_chunk_slots, index, range_lo, range_hi, n, iv, h, H, K,
+                    V, BV, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, PARALLEL, QK_L2NORM,
+                    CHECKPOINTS_IN_PASS,
                 )
             else:
                 _state_pass(
-                    out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
-                    ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry, scale,
-                    num_chunk_slots, part, chunk_lo, chunk_hi, n, iv, h, H, K, V, BV, CHUNK,
-                    CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, PARALLEL,
+                    out, k, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off,
+                    ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry,
+                    ws_entry, scale, num_chunk_slots, part, chunk_lo, chunk_hi, n, iv, h, H, K,
+                    V, BV, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, PARALLEL, QK_L2NORM,
+                    CHECKPOINTS_IN_PASS,
                 )
 
 

@@ -81,14 +81,16 @@ def test_kda_prefill_is_registered_with_both_schemas():
     schema = entry.schema()
     assert schema["query"] == {"version": 1, "fields": ["heads", "head_dim", "dtype", "capacity",
                                                         "gate", "token_bucket", "seq_bucket"]}
-    assert schema["config"]["version"] == 3
+    assert schema["config"]["version"] == 4
 
 
-@pytest.mark.parametrize("version, lacking", [(1, ("segments", "solve")), (2, ("solve",))])
+@pytest.mark.parametrize("version, lacking", [(1, ("segments", "solve", "checkpoints")),
+                                              (2, ("solve", "checkpoints")), (3, ("checkpoints",))])
 def test_an_older_profile_loads_with_the_serial_walk_and_substitution(tmp_path, version,
                                                                       lacking):
-    """Config schema v1 had no `segments` and v2 no `solve`: their entries ran the serial walk
-    (segments = 1) and stage 1's substitution solve."""
+    """Config schema v1 had no `segments`, v2 no `solve` and v3 no `checkpoints`: their entries
+    ran the serial walk (segments = 1), stage 1's substitution solve and the checkpoint
+    kernel."""
     schema = CATALOG["kda_prefill"].schema()
     for name in lacking:
         del schema["config"]["fields"][name]
@@ -99,7 +101,8 @@ def test_an_older_profile_loads_with_the_serial_walk_and_substitution(tmp_path, 
              "measurements": {"median_ms": 1.0}}]
     write_profile(tmp_path, rows=rows, schema=schema)
     resolved = resolve_config(caps(), device_name=H200, directory=tmp_path)
-    assert resolved.config == dataclasses.replace(TUNED, segments=1, solve="substitution")
+    assert resolved.config == dataclasses.replace(TUNED, segments=1, solve="substitution",
+                                                  checkpoints="kernel")
     assert resolved.source.startswith("profile nvidia-h200.json")
 
 
@@ -282,12 +285,12 @@ def _schema(**changes):
 
 @pytest.mark.parametrize("changes, fragment", [
     ({"schema": _schema(query__version=2)}, "query schema v2"),
-    ({"schema": _schema(config__version=4)}, "config schema v4"),
-    ({"schema": _schema(config__version=1)}, "config schema v1"),  # v1 lacks segments, solve
+    ({"schema": _schema(config__version=5)}, "config schema v5"),
+    ({"schema": _schema(config__version=1)}, "config schema v1"),  # v1 lacks 3 later fields
     ({"schema": _schema(query__fields=["heads", "head_dim"])},
      "query schema v1 (heads, head_dim) does not match"),
     ({"schema": _schema(config__fields={"block_v": {}, "num_warps": {}})},
-     "config schema v3 (block_v, num_warps) does not match"),
+     "config schema v4 (block_v, num_warps) does not match"),
     ({"schema": None}, "no 'schema' object"),
 ], ids=["query-version", "config-version", "config-v1-fields", "query-fields", "config-fields",
         "no-schema"])

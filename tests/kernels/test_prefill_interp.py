@@ -290,18 +290,42 @@ def test_kernel_configs_match_recurrent_oracle(pipeline, solve, chunk_size, bloc
     """Each pipeline (the split one with either solve of stage 1) at each chunk size (one, two
     and four 16-token sub-blocks in stage 1) and V block, on sequences spanning several chunks,
     a partial last chunk and checkpoints inside chunks, against the float64 recurrence."""
+    config = KernelConfig(chunk_size=chunk_size, block_v=block_v, pipeline=pipeline, solve=solve)
+    planned = run_config_checked(config, fused_norms, seed,
+                                 [[1, 63, 64, 100], [N_, 4, N_, N_], [16, N_, 48, 63]])
+    assert ("ws_S" in planned.workspaces) == (pipeline == "split")
+
+
+@pytest.mark.parametrize("pipeline, solve, chunk_size, block_v, fused_norms", [
+    ("fused", "substitution", 16, 16, False), ("fused", "substitution", 32, 32, True),
+    ("split", "substitution", 64, 16, False), ("split", "inverse", 64, 64, True)],
+    ids=["fused-c16-bv16", "fused-c32-bv32-l2norm", "split-c64-bv16", "split-inverse-c64-bv64"])
+def test_checkpoints_in_the_pass_match_recurrent_oracle(pipeline, solve, chunk_size, block_v,
+                                                        fused_norms, seed):
+    """config.checkpoints "pass": each interior checkpoint formed in the state pass over
+    16-token slices (offsets in every slice of a 64-token chunk, at a slice's first and last
+    token, in a chunk of a short last sequence), against the float64 recurrence."""
+    config = KernelConfig(chunk_size=chunk_size, block_v=block_v, pipeline=pipeline, solve=solve,
+                          checkpoints="pass")
+    run_config_checked(config, fused_norms, seed,
+                       [[1, 33, 64, 120], [N_, 4, N_, N_], [16, 17, 48, 63]])
+
+
+def run_config_checked(config: KernelConfig, fused_norms: bool, seed: int,
+                       checkpoints: list[list[int]]):
+    """Plan `config` for three sequences (150, 5 and 64 tokens, 2 heads of 64, the softplus
+    gate) with these checkpoints at capacity 4, run it and check it against the float64
+    recurrence (run_checked); returns the plan."""
     lengths, heads, dim = [150, 5, 64], 2, 64
-    checkpoints = [[1, 63, 64, 100], [N_, 4, N_, N_], [16, N_, 48, 63]]
     x = make_inputs(lengths, heads, dim, gate="softplus", qk_l2norm=fused_norms,
                     beta_sigmoid=fused_norms, seed=seed % 1000)
     meta, num_slots = lay_out(lengths, checkpoints, capacity=4, seed=seed)
     caps = Caps(device="cpu", num_heads=heads, head_dim=dim, max_tokens=sum(lengths),
                 max_seqs=len(lengths), max_state_slots=num_slots, max_checkpoints=4,
                 gate="softplus", qk_l2norm=fused_norms, beta_sigmoid=fused_norms)
-    config = KernelConfig(chunk_size=chunk_size, block_v=block_v, pipeline=pipeline, solve=solve)
     planned = plan(caps, config)
-    assert ("ws_S" in planned.workspaces) == (pipeline == "split")
     run_checked(planned, x, meta, make_pool(meta, num_slots, x, seed))
+    return planned
 
 
 def run_checked(planned, x, meta: Metadata, pool: torch.Tensor) -> torch.Tensor:

@@ -82,6 +82,9 @@ SPLIT = KernelConfig(chunk_size=16, block_v=16, pipeline="split")
 # The split pipeline solving stage 1 from each chunk's inverse (its own kernel from two
 # sub-blocks on, hence 32-token chunks).
 SPLIT_INVERSE = KernelConfig(chunk_size=32, block_v=16, pipeline="split", solve="inverse")
+# The interior checkpoints formed in the pass (no checkpoint kernel), in each pipeline.
+FUSED_IN_PASS = KernelConfig(chunk_size=16, block_v=16, checkpoints="pass")
+SPLIT_IN_PASS = KernelConfig(chunk_size=16, block_v=16, pipeline="split", checkpoints="pass")
 
 
 def call(meta: dict, capacity: int, num_tokens: int = 42, dtype=torch.int32,
@@ -430,11 +433,12 @@ def test_bad_checkpoint_offset(capacity, changes):
     (4, {"ck_slots": set_at(0, 1, NUM_SLOTS)}, RANGE),
     (4, {"ck_offsets": set_at(0, 2, 5)}, OFFSET),
 ], ids=["duplicate-write", "write-on-other-initial", "lengths", "slot-range", "offset"])
-@pytest.mark.parametrize("config", [SPLIT, SPLIT_INVERSE], ids=["split", "split-inverse"])
+@pytest.mark.parametrize("config", [SPLIT, SPLIT_INVERSE, FUSED_IN_PASS, SPLIT_IN_PASS],
+                         ids=["split", "split-inverse", "fused-in-pass", "split-in-pass"])
 def test_split_pipeline_rejects_each_fault_class(capacity, changes, fault, config):
-    """The split pipeline's kernels (with either solve of stage 1) honour the error code as the
-    default ones do: each fault class leaves the pool bit for bit unchanged and the whole
-    output NaN."""
+    """The split pipeline's kernels (with either solve of stage 1), and either pipeline with the
+    checkpoints formed in the pass, honour the error code as the default ones do: each fault
+    class leaves the pool bit for bit unchanged and the whole output NaN."""
     meta = edited(capacity, changes)
     assert_rejected(*call(meta, capacity, config=config), fault, expected_code(meta, capacity))
 

@@ -33,16 +33,19 @@ from triton.runtime.jit import JITFunction
 POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.float16: "*fp16",
                  torch.int32: "*i32", torch.int64: "*i64"}
 CONFIGS = [  # (pipeline, chunk, block_v, stages, operand dtype, capacity, gate, norms, segments,
-    #          solve)
-    ("fused", 16, 32, 3, "bfloat16", 4, "precomputed", False, 1, "substitution"),
-    ("fused", 64, 16, 3, "bfloat16", 1, "softplus", True, 1, "substitution"),
-    ("split", 64, 16, 3, "bfloat16", 4, "precomputed", False, 1, "substitution"),
-    ("split", 16, 32, 3, "bfloat16", 1, "sigmoid", True, 1, "substitution"),
-    ("split", 64, 16, 1, "float32", 4, "precomputed", False, 1, "substitution"),
-    ("split", 64, 16, 3, "bfloat16", 4, "precomputed", False, 8, "substitution"),
-    ("fused", 16, 32, 3, "bfloat16", 1, "precomputed", False, 4, "substitution"),
-    ("split", 64, 16, 3, "bfloat16", 4, "precomputed", False, 1, "inverse"),
-    ("split", 32, 32, 3, "bfloat16", 1, "sigmoid", True, 1, "inverse"),
+    #          solve, checkpoints)
+    ("fused", 16, 32, 3, "bfloat16", 4, "precomputed", False, 1, "substitution", "kernel"),
+    ("fused", 64, 16, 3, "bfloat16", 1, "softplus", True, 1, "substitution", "kernel"),
+    ("split", 64, 16, 3, "bfloat16", 4, "precomputed", False, 1, "substitution", "kernel"),
+    ("split", 16, 32, 3, "bfloat16", 1, "sigmoid", True, 1, "substitution", "kernel"),
+    ("split", 64, 16, 1, "float32", 4, "precomputed", False, 1, "substitution", "kernel"),
+    ("split", 64, 16, 3, "bfloat16", 4, "precomputed", False, 8, "substitution", "kernel"),
+    ("fused", 16, 32, 3, "bfloat16", 1, "precomputed", False, 4, "substitution", "kernel"),
+    ("split", 64, 16, 3, "bfloat16", 4, "precomputed", False, 1, "inverse", "kernel"),
+    ("split", 32, 32, 3, "bfloat16", 1, "sigmoid", True, 1, "inverse", "kernel"),
+    ("fused", 16, 32, 3, "bfloat16", 4, "precomputed", False, 1, "substitution", "pass"),
+    ("fused", 32, 32, 3, "bfloat16", 4, "softplus", True, 1, "substitution", "pass"),
+    ("split", 64, 16, 3, "bfloat16", 4, "precomputed", False, 8, "inverse", "pass"),
 ]
 
 
@@ -51,7 +54,8 @@ def _recorded_launches(config_row, heuristic: bool) -> list[tuple]:
     from kdabench.kernels import Caps, KernelConfig, bind, plan
     from kdabench.kernels.triton import launch
 
-    pipeline, chunk, block_v, stages, operand, capacity, gate, norms, segments, solve = config_row
+    (pipeline, chunk, block_v, stages, operand, capacity, gate, norms, segments, solve,
+     checkpoints) = config_row
     heads, dim, lengths = 2, 128, [150, 70]
     x = make_inputs(lengths, heads, dim, gate=gate, qk_l2norm=norms, beta_sigmoid=norms, seed=0)
     caps = Caps(device="cpu", num_heads=heads, head_dim=dim, max_tokens=sum(lengths),
@@ -59,7 +63,7 @@ def _recorded_launches(config_row, heuristic: bool) -> list[tuple]:
                 qk_l2norm=norms, beta_sigmoid=norms)
     config = KernelConfig(chunk_size=chunk, block_v=block_v, num_stages=stages,
                           operand_dtype=operand, pipeline=pipeline, segments=segments,
-                          solve=solve)
+                          solve=solve, checkpoints=checkpoints)
     offsets = torch.tensor([[1, 40, 64, 100], [5, 16, 33, 69]], dtype=torch.int32)
     slots = torch.tensor([[2, 3, 4, 5], [6, 7, 8, 9]], dtype=torch.int32)
     metadata = {"cu_seqlens": torch.tensor([0, 150, 220], dtype=torch.int32),

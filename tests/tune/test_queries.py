@@ -42,6 +42,16 @@ def test_packaged_segments_queries_time_the_serial_walk_beside_segments_on_few_p
     assert all(heads * seqs <= 32 for _, heads, seqs in shapes)  # few programs only
 
 
+def test_packaged_checkpoints_queries_time_both_checkpoint_paths_on_many_sequences():
+    from importlib.resources import files
+
+    path = files("kdabench") / "data" / "tune-checkpoints.toml"
+    queries = load_queries(str(path))
+    assert queries.grid["checkpoints"] == ["kernel", "pass"]
+    assert all(q.shape.seqs >= 4 for q in queries.queries)
+    assert {q.capacity for q in queries.queries} == {1, 4}
+
+
 def test_defaults_of_an_almost_empty_file():
     queries = parse_queries(HEAD + ONE, origin="mine.toml")
     assert queries.timing == {"reps": 50, "warmup": 5, "min_gain": 0.03}

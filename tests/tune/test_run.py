@@ -118,11 +118,12 @@ def test_entries_for_other_queries_are_kept(tmp_path, tiny):
     assert {q.capacity for q in profile.entries} == {1, 4} and len(profile.entries) == 4
 
 
-@pytest.mark.parametrize("version, lacking", [(1, ("segments", "solve")), (2, ("solve",))])
+@pytest.mark.parametrize("version, lacking", [(1, ("segments", "solve", "checkpoints")),
+                                              (2, ("solve", "checkpoints")), (3, ("checkpoints",))])
 def test_entries_of_an_older_config_schema_are_kept_migrated(tmp_path, tiny, version, lacking):
-    """A profile of config schema v1 (no `segments`, no `solve`) or v2 (no `solve`) loads; a
-    run that tunes other queries keeps its entries with the migrated fields, so the profile it
-    writes loads again."""
+    """A profile of config schema v1 (no `segments`, `solve` or `checkpoints`), v2 (no `solve`
+    or `checkpoints`) or v3 (no `checkpoints`) loads; a run that tunes other queries keeps its
+    entries with the migrated fields, so the profile it writes loads again."""
     from kdabench.kernels.catalog import CATALOG, KdaQuery
     from kdabench.kernels.profiles import profile_document
 
