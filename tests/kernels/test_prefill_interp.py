@@ -402,14 +402,17 @@ def test_split_range_count(bound_slots, meta_capacity, capturing, expected):
 SEGMENT_TOL = 1e-5
 
 
-@pytest.mark.parametrize("pipeline", ["fused", "split"])
+@pytest.mark.parametrize("pipeline, finished_in", [
+    ("fused", "kernel"), ("split", "kernel"), ("split", "pass")],
+    ids=["fused", "split", "split-in-pass"])
 @pytest.mark.parametrize("segments", [2, 3, 7])
-def test_parallel_segments_match_the_serial_walk(pipeline, segments, seed):
+def test_parallel_segments_match_the_serial_walk(pipeline, finished_in, segments, seed):
     """Parallel segments (kernels/triton/segments.py) against the float64 recurrence and
     against the serial walk of the same config: ranges cut sequences (one runs through several
     ranges, one is empty, one starts inside a range and runs past it), checkpoints fall on
-    both sides of range edges, and one sequence's initial slot is its final slot (the copy
-    the transition pass takes must be what the first range reads)."""
+    both sides of range edges (finished by their kernel or in the pass), and one sequence's
+    initial slot is its final slot (the copy the transition pass takes must be what the first
+    range reads)."""
     lengths, heads, dim = [150, 0, 5, 90, 33], 2, 64
     checkpoints = [[1, 63, 64, 100], [N_, N_, N_, N_], [4, N_, N_, N_], [16, 32, 48, 89],
                    [N_, 17, N_, N_]]
@@ -421,7 +424,8 @@ def test_parallel_segments_match_the_serial_walk(pipeline, segments, seed):
                 gate="softplus")
     results = []
     for count in (1, segments):
-        config = KernelConfig(chunk_size=16, block_v=32, pipeline=pipeline, segments=count)
+        config = KernelConfig(chunk_size=16, block_v=32, pipeline=pipeline, segments=count,
+                              checkpoints=finished_in)
         planned = plan(caps, config)
         assert ("ws_trans" in planned.workspaces) == (count > 1)
         pool = make_pool(meta, num_slots, x, seed)
