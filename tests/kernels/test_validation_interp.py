@@ -249,6 +249,37 @@ def many_expected_code(meta: dict) -> int:
                                meta["cu_seqlens"][-1])
 
 
+# The clash kernel's tile counts (kda_clash_kernel): one sequence (a single write tile, whose
+# clash is within itself) and 64 sequences at capacity 1, whose 128 writes fill exactly two
+# tiles, so the initial slots' tile is the grid's last row (a write-tile count one too large
+# would push it off the grid).
+@pytest.mark.parametrize("count, fault", [
+    (1, (("ck_slots", 0, 0), ("final", 0, None))),
+    (64, (("final", 5, None), ("initial", 60, None))),
+], ids=["one-sequence-checkpoint-on-own-final", "two-full-tiles-final-on-other-initial"])
+def test_duplicate_write_slot_at_tile_counts(count, fault):
+    lengths = [2 + n % 3 for n in range(count)]
+    cu = [0]
+    for length in lengths:
+        cu.append(cu[-1] + length)
+    meta = {"cu_seqlens": cu, "initial": [2 * count + n for n in range(count)],
+            "final": list(range(count)), "ck_offsets": [[1] for _ in range(count)],
+            "ck_slots": [[count + n] for n in range(count)]}
+    (dst, i, c), (src, j, d) = fault
+    source = meta[src][j] if d is None else meta[src][j][d]
+    meta = {**meta, dst: set_at(i, c, source)(meta[dst])}
+    num_slots = 3 * count
+    x = inputs(cu[-1])
+    pool = random_pool(num_slots)
+    pool_before = pool.clone()
+    result = kda_prefill(x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
+                         **metadata_tensors(meta, 1))
+    reference = expected_error_code(cu, count, meta["initial"], meta["final"],
+                                    [r[0] for r in meta["ck_offsets"]],
+                                    [r[0] for r in meta["ck_slots"]], num_slots, cu[-1])
+    assert_rejected(result, pool_before, pool, DUP, reference)
+
+
 @pytest.mark.parametrize("row, offset", [(64, 0), (69, 2 + 69 % 3)],
                          ids=["offset-0-first-of-block1", "offset-eq-len-last-sequence"])
 def test_bad_checkpoint_offset_in_second_validator_block(row, offset):
@@ -588,9 +619,15 @@ def test_fuzz_device_validator_matches_host_reference(case):
 
 # Mutation testing (.ci/mutation, kernels/NOTES.md): the mutants of kernels/triton/validate.py
 # that these tests left alive on 2026-12-05 are equivalent, or killed by a test outside the
-# mutation's command (kda_clash_kernel, which took over the clash loops since, has not been
-# through a mutation run; removing its atomic OR, or shifting its initial-slot tiles by one,
-# fails 21 and 6 of these tests):
+# mutation's command. kda_clash_kernel took over the clash loops since; a partial run on
+# 2026-12-07 (94 of validate.py's 395 mutants, 12 alive) left alive in it the write-tile
+# count's `- 1` -> `+ 1`, which test_duplicate_write_slot_at_tile_counts now kills, a number
+# replaced in the live-count test `num_seqs >= 1` (to 2 that test's one-sequence case fails; to
+# 0 it is equivalent: no writes, nothing compared), and these equivalent ones:
+# - `a0 < num_writes` -> `<=` or `!=`: a tile from num_writes on holds only null slots.
+# - `wa != wb` -> `wa > wb`: programs (a, b) and (b, a) both run, so each pair is found once.
+# - `> 0` -> `!= 0` after the clash max, and `axis=0` -> another axis: as below.
+# The 2026-12-05 survivors:
 # - `@triton.jit` removed from `_write_slot`: the interpreter calls a plain Python function
 #   alike; the compiler refuses it ("Unsupported function referenced"), which
 #   tests/kernels/test_triton_compile.py catches (it compiles every kernel, too slow a command
