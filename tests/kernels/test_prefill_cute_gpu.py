@@ -17,6 +17,7 @@ import random
 import cute_chunk_edges
 import pytest
 import torch
+from write_slot_clashes import CLASHES, MANY_SEQS
 
 from kdabench.inputs import make_inputs
 from kdabench.kernels import Caps, MetadataFault, bind, ineligibility, kda_prefill, plan, run
@@ -173,18 +174,9 @@ def test_fault_leaves_pool_untouched(config):
     assert torch.isnan(result.o).all()
 
 
-# The validator's clash check in tiles (kernels/cute/source.py): 300 sequences at capacity 4
-# write 1,500 destinations (six tiles of 256 writes) matched against 1,800 entries (the writes,
-# then the initial slots: two tiles of 1,024). Each fault gives one write (kind, sequence,
-# checkpoint) the slot of an entry in another tile; "in place" makes every sequence's final slot
-# its own initial one, which is allowed.
-MANY_SEQS = 300
-CLASHES = {
-    "in place": None,
-    "first final = last checkpoint": (("final", 0, 0), ("checkpoint", MANY_SEQS - 1, 3)),
-    "first final = last initial": (("final", 0, 0), ("initial", MANY_SEQS - 1, 0)),
-    "last checkpoint = first initial": (("checkpoint", MANY_SEQS - 1, 3), ("initial", 0, 0)),
-}
+# The validator's clash check in tiles (kernels/cute/source.py), on write_slot_clashes' cases:
+# 1,500 writes (six tiles of 256) matched against 1,800 entries (the writes, then the initial
+# slots: two tiles of 1,024).
 
 
 @pytest.mark.parametrize("clash", list(CLASHES))

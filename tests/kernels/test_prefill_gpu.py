@@ -35,6 +35,7 @@ import random
 
 import pytest
 import torch
+from write_slot_clashes import CLASHES, MANY_SEQS
 
 from kdabench.inputs import make_inputs
 from kdabench.kernels import Caps, KernelConfig, MetadataFault, bind, kda_prefill, plan, run
@@ -473,25 +474,17 @@ def test_split_pipeline_fault_leaves_pool_untouched(mutate, fault, config, range
     assert_rejected(run(binding), pool, pool_before, fault)
 
 
-# The clash check over tile pairs (kernels/triton/validate.py, kda_clash_kernel): 300 sequences
-# at capacity 4 write 1,500 destinations, 24 tiles of 64, checked against each other and against
-# the 5 tiles of initial slots, one program per pair, each ORing its finding into the code on the
-# device. Each fault gives one write (kind, sequence, checkpoint) the slot of an entry in another
-# tile; "in place" makes every sequence's final slot its own initial one, which is allowed.
-CLASH_SEQS = 300
-CLASHES = {
-    "in place": None,
-    "first final = last checkpoint": (("final", 0, 0), ("checkpoint", CLASH_SEQS - 1, 3)),
-    "first final = last initial": (("final", 0, 0), ("initial", CLASH_SEQS - 1, 0)),
-    "last checkpoint = first initial": (("checkpoint", CLASH_SEQS - 1, 3), ("initial", 0, 0)),
-}
+# The clash check over tile pairs (kernels/triton/validate.py, kda_clash_kernel), on
+# write_slot_clashes' cases: 1,500 writes, 24 tiles of 64, checked against each other and
+# against the 5 tiles of initial slots, one program per pair, each ORing its finding into the
+# code on the device.
 
 
 @pytest.mark.parametrize("clash", list(CLASHES))
 def test_write_slot_clashes_across_tiles(clash):
     from kdabench.oracles.metadata import expected_error_code
 
-    n, length = CLASH_SEQS, 6
+    n, length = MANY_SEQS, 6
     x = make_inputs([length] * n, 1, 64, seed=3, device=DEVICE)
     slots = {"initial": list(range(n)), "final": list(range(n, 2 * n)),
              "checkpoint": [[2 * n + CAPACITY * i + c for c in range(CAPACITY)] for i in range(n)]}
