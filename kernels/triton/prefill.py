@@ -39,9 +39,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..contract import MIN_LOWER_BOUND
 from .common import chunk_of, load_keys, mma, pool_tile, row_of, segment_bounds
 
 SLICE = tl.constexpr(16)  # tokens per step of an interior checkpoint's truncated product
+# The largest lift G_p - G_last over channels for which a checkpoint's truncated update is
+# formed from kd and exp(G_last) (_checkpoint_from_kd): the fp32 scale exp(75) = 3.7e32 stays
+# finite, and a term k exp(G_p - G) (or exp(G_p) S) leaves the normal range of fp32 and bf16
+# (exp(-87)) as kd's entry (or exp(G_last) S) only below exp(-12) = 6e-6 times |k| (or |S|). A
+# chunk's log decay spans at most (CHUNK - 1) * -lower bound (gates are at least
+# MIN_LOWER_BOUND, the contract): 75 at 16-token chunks, where nothing leaves that range and no
+# lift exceeds the bound, so only longer chunks test it.
+MAX_LIFT = tl.constexpr(75.0)
+GATE_FLOOR = tl.constexpr(MIN_LOWER_BOUND)
 
 
 @triton.jit
@@ -95,35 +105,67 @@ def _token_rows(x, s0: tl.constexpr, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _interior_checkpoints(k, pool, ws_G, state, step, ck_off, ck_idx, n, bos, gl_row, start, h,
-                          rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                          CHUNK: tl.constexpr, CK: tl.constexpr, QK_L2NORM: tl.constexpr,
-                          DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr):
+def _checkpoint_from_kd(kd_t, state, decay, step, lift, p, CHUNK: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr):
+    """exp(lift) (exp(G_last) S + kd^T delta[:p]), delta's rows from p on zeroed: the truncated
+    update, as k exp(G_p - G) = kd exp(G_p - G_last), from operands the loop holds already."""
+    rc = tl.arange(0, CHUNK)
+    head = tl.where(rc[:, None] < p, step, tl.zeros_like(step))
+    partial = decay[:, None] * state + mma(kd_t, head, DOT_PRECISION, UPCAST_DOTS)
+    return tl.exp(lift)[:, None] * partial
+
+
+@triton.jit
+def _checkpoint_from_keys(k, ws_G, state, step, Gp, p, bos, gl_row, start, h, rk,
+                          H: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
+                          QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                          UPCAST_DOTS: tl.constexpr):
+    """exp(G_p) S + (k exp(G_p - G))[:p]^T delta[:p] from G and k in memory, over 16-token
+    slices (each a G and a k load waited on in turn), so that no [CHUNK, K] tile is held:
+    whole-chunk tiles raised the split pass at chunk 64 from 130 to 246 registers (sm_90)."""
+    rs = tl.arange(0, SLICE)
+    partial = tl.exp(Gp)[:, None] * state
+    for s0 in tl.static_range(0, CHUNK, SLICE):
+        if s0 < p:
+            rows = gl_row * CHUNK + s0 + rs
+            G = tl.load(ws_G + rows[:, None] * K + rk[None, :])
+            kk = load_keys(k, (bos + start + s0 + rs) * H + h, rk, s0 + rs < p, K, QK_L2NORM)
+            kp = (kk * tl.exp(tl.minimum(Gp[None, :] - G, 0.0))).to(step.dtype)
+            partial += mma(tl.trans(kp), _token_rows(step, s0, CHUNK), DOT_PRECISION,
+                           UPCAST_DOTS)
+    return partial
+
+
+@triton.jit
+def _interior_checkpoints(k, pool, ws_G, kd_t, state, decay, step, ck_off, ck_idx, n, bos,
+                          gl_row, start, h, rk, rv, H: tl.constexpr, K: tl.constexpr,
+                          V: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr,
+                          QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                          UPCAST_DOTS: tl.constexpr):
     """Each checkpoint strictly inside this chunk, at in-chunk position p, to its slot: the
     chunk's update truncated to its first p tokens, from the chunk-start state and the chunk's
-    delta (`step`, in the dots' operand dtype), called before the state update. The truncated
-    product runs over 16-token slices (G and k from memory, delta's rows from the registers),
-    so that the tail holds no [CHUNK, K] tile: whole-chunk tiles raised the split pass at chunk
-    64 from 130 to 246 registers (sm_90). The loop over checkpoints is unrolled (static_range):
-    rolled, it cost capacity 4 30-50% more instructions per chunk than capacity 1 even where no
-    checkpoint falls (sm_90 SASS)."""
-    rs = tl.arange(0, SLICE)
+    delta (`step`, in the dots' operand dtype), called before the state update. From kd^T (the
+    loop's operand) where every channel's lift G_p - G_last is at most MAX_LIFT, which holds at
+    16-token chunks by the gate contract: two G rows are its only loads. Otherwise from G and k
+    in memory. The loop over checkpoints is unrolled (static_range): rolled, it cost capacity 4
+    30-50% more instructions per chunk than capacity 1 even where no checkpoint falls (sm_90
+    SASS)."""
     for c in tl.static_range(CK):
         offset = tl.load(ck_off + n * CK + c).to(tl.int64)
         slot = tl.load(ck_idx + n * CK + c).to(tl.int64)
         if (slot >= 0) & (offset > start) & (offset < start + CHUNK):
             p = offset - start
             Gp = tl.load(ws_G + (gl_row * CHUNK + p - 1) * K + rk)
-            partial = tl.exp(Gp)[:, None] * state
-            for s0 in tl.static_range(0, CHUNK, SLICE):
-                if s0 < p:
-                    rows = gl_row * CHUNK + s0 + rs
-                    G = tl.load(ws_G + rows[:, None] * K + rk[None, :])
-                    kk = load_keys(k, (bos + start + s0 + rs) * H + h, rk, s0 + rs < p, K,
-                                   QK_L2NORM)
-                    kp = (kk * tl.exp(tl.minimum(Gp[None, :] - G, 0.0))).to(step.dtype)
-                    partial += mma(tl.trans(kp), _token_rows(step, s0, CHUNK), DOT_PRECISION,
-                                   UPCAST_DOTS)
+            lift = Gp - tl.load(ws_G + (gl_row * CHUNK + CHUNK - 1) * K + rk)
+            # the first test is a constant: at 16-token chunks neither the reduction nor the
+            # slices are compiled
+            if (CHUNK - 1) * -GATE_FLOOR <= MAX_LIFT or tl.max(lift, axis=0) <= MAX_LIFT:
+                partial = _checkpoint_from_kd(kd_t, state, decay, step, lift, p, CHUNK,
+                                              DOT_PRECISION, UPCAST_DOTS)
+            else:
+                partial = _checkpoint_from_keys(k, ws_G, state, step, Gp, p, bos, gl_row, start,
+                                                h, rk, H, K, CHUNK, QK_L2NORM, DOT_PRECISION,
+                                                UPCAST_DOTS)
             tl.store(pool_tile(pool, slot, h, rk, rv, H, K, V), partial)
 
 
@@ -231,8 +273,8 @@ def _walk_chunks(
                      o.to(out.dtype.element_ty), mask=(start + rc < seqlen)[:, None])
         if next_checkpoint < start + CHUNK:
             if CHECKPOINTS_IN_PASS:
-                _interior_checkpoints(k, pool, ws_G, state, step, ck_off, ck_idx, n, bos, gl_row,
-                                      start, h, rk, rv, H, K, V, CHUNK, CK, QK_L2NORM,
+                _interior_checkpoints(k, pool, ws_G, kd_t, state, decay, step, ck_off, ck_idx, n,
+                                      bos, gl_row, start, h, rk, rv, H, K, V, CHUNK, CK, QK_L2NORM,
                                       DOT_PRECISION, UPCAST_DOTS)
             else:
                 _stage_interior(pool, ws_U, state, delta, ck_off, ck_idx, n, ws_rows, start, h,

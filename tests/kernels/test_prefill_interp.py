@@ -311,6 +311,31 @@ def test_checkpoints_in_the_pass_match_recurrent_oracle(pipeline, solve, chunk_s
                        [[1, 33, 64, 120], [N_, 4, N_, N_], [16, 17, 48, 63]])
 
 
+@pytest.mark.parametrize("pipeline, chunk_size", [("fused", 16), ("split", 64)])
+@pytest.mark.parametrize("erasing", [False, True], ids=["mild", "erasing"])
+def test_checkpoints_in_the_pass_whatever_the_lift(pipeline, chunk_size, erasing, seed):
+    """config.checkpoints "pass" forms a checkpoint from kd^T where every channel's lift G_p -
+    G_last is at most MAX_LIFT (75) and from G and k where one exceeds it. Mild gates (at most
+    -0.5 a token) keep every lift under 32; erasing ones hold one channel of each head at the
+    lower bound, -5 a token, a lift of 5 for each token from the checkpoint to its chunk's last
+    one: at 64-token chunks beyond 75 for four of these checkpoints and under it for three, so
+    both forms run in one call; at 16-token chunks up to 75 (in-chunk 1), the most the gate
+    contract allows there. Each against the float64 recurrence: at chunk 64 the kd form beyond
+    the bound overflows its scale (NaN)."""
+    lengths, heads, dim = [150, 37], 2, 64
+    x = make_inputs(lengths, heads, dim, seed=seed % 1000)
+    x.g.clamp_(min=-0.5)
+    if erasing:
+        x.g[:, :, 5] = -5.0
+    config = KernelConfig(chunk_size=chunk_size, block_v=32, pipeline=pipeline,
+                          checkpoints="pass")
+    meta, num_slots = lay_out(lengths, [[1, 29, 57, 141], [13, 19, N_, 36]], capacity=4,
+                              seed=seed)
+    caps = Caps(device="cpu", num_heads=heads, head_dim=dim, max_tokens=sum(lengths),
+                max_seqs=len(lengths), max_state_slots=num_slots, max_checkpoints=4)
+    run_checked(plan(caps, config), x, meta, make_pool(meta, num_slots, x, seed))
+
+
 def run_config_checked(config: KernelConfig, fused_norms: bool, seed: int,
                        checkpoints: list[list[int]]):
     """Plan `config` for three sequences (150, 5 and 64 tokens, 2 heads of 64, the softplus
