@@ -232,8 +232,10 @@ def many_call(meta: dict):
     (("final", 67, None), 3),  # final of sequence 67 on the final of sequence 3
     (("ck_slots", 2, 0), 68),  # checkpoint of sequence 2 on the final of sequence 68
     (("ck_slots", 66, 0), MANY + 65),  # two checkpoints in the second block
+    (("initial", 68, None), 3),  # the initial slot of sequence 68 (the clash kernel's second
+    # tile of initial slots) is the final of sequence 3
 ], ids=["final-block1-on-final-block0", "checkpoint-block0-on-final-block1",
-        "checkpoints-within-block1"])
+        "checkpoints-within-block1", "initial-block1-is-final-block0"])
 def test_duplicate_write_slot_across_validator_blocks(slot_of, target):
     meta = many_sequences()
     key, row, column = slot_of
@@ -396,6 +398,14 @@ def test_live_sequence_count_outside_capacity(num_seqs):
     meta = valid_metadata(2)
     result = planned_call(meta, 2, num_seqs)
     assert_rejected(*result, LENGTHS_BAD, expected_code(meta, 2, num_seqs=num_seqs))
+
+
+def test_duplicate_write_slot_below_capacity():
+    """Two live sequences of a three-sequence capacity share a final slot: the clash check
+    runs whatever the live count, not only at capacity."""
+    meta = edited(2, {"final": [3, 3, 5]})
+    result = planned_call(meta, 2, num_seqs=2)
+    assert_rejected(*result, DUP, expected_code(meta, 2, num_seqs=2))
 
 
 def test_live_sequence_count_inside_capacity_ignores_dead_entries():
@@ -618,14 +628,21 @@ def test_fuzz_device_validator_matches_host_reference(case):
 
 
 # Mutation testing (.ci/mutation, kernels/NOTES.md): the mutants of kernels/triton/validate.py
-# that these tests left alive on 2026-12-05 are equivalent, or killed by a test outside the
-# mutation's command. kda_clash_kernel took over the clash loops since; a partial run on
-# 2026-12-07 (94 of validate.py's 395 mutants, 12 alive) left alive in it the write-tile
-# count's `- 1` -> `+ 1`, which test_duplicate_write_slot_at_tile_counts now kills, a number
-# replaced in the live-count test `num_seqs >= 1` (to 2 that test's one-sequence case fails; to
-# 0 it is equivalent: no writes, nothing compared), and these equivalent ones:
+# that these tests leave alive are equivalent, or killed by a test outside the mutation's
+# command. The whole run of 2026-12-07 (395 mutants, 354 killed, 41 alive) left two real gaps
+# in kda_clash_kernel, which test_duplicate_write_slot_below_capacity (the live-count test's
+# `num_seqs <= meta_capacity` -> `==`) and the initial-slot case of
+# test_duplicate_write_slot_across_validator_blocks (`b < write_tiles` -> `!=`, which skips
+# the initial slots' tiles after the first) now kill; an earlier partial run's two, the
+# write-tile count's `- 1` -> `+ 1` and `num_seqs >= 1` -> `>= 2`, are killed by
+# test_duplicate_write_slot_at_tile_counts. The equivalent ones in kda_clash_kernel:
+# - `num_seqs >= 1` -> `>= 0`: no live sequence, no writes, nothing compared.
 # - `a0 < num_writes` -> `<=` or `!=`: a tile from num_writes on holds only null slots.
-# - `wa != wb` -> `wa > wb`: programs (a, b) and (b, a) both run, so each pair is found once.
+# - the write-tile count's `- 1` -> `- 2`: one tile fewer only when the last holds one write,
+#   whose clashes with earlier tiles program (last, b) still finds; the initial slots' tiles
+#   then start a row earlier, and the grid (sized by the capacity) still reaches the last.
+# - `wa != wb` -> `wa > wb` or `<`: programs (a, b) and (b, a) both run, so each pair is found
+#   once.
 # - `> 0` -> `!= 0` after the clash max, and `axis=0` -> another axis: as below.
 # The 2026-12-05 survivors:
 # - `@triton.jit` removed from `_write_slot`: the interpreter calls a plain Python function
