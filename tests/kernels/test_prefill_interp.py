@@ -302,9 +302,10 @@ def test_kernel_configs_match_recurrent_oracle(pipeline, solve, chunk_size, bloc
     ids=["fused-c16-bv16", "fused-c32-bv32-l2norm", "split-c64-bv16", "split-inverse-c64-bv64"])
 def test_checkpoints_in_the_pass_match_recurrent_oracle(pipeline, solve, chunk_size, block_v,
                                                         fused_norms, seed):
-    """config.checkpoints "pass": each interior checkpoint formed in the state pass over
-    16-token slices (offsets in every slice of a 64-token chunk, at a slice's first and last
-    token, in a chunk of a short last sequence), against the float64 recurrence."""
+    """config.checkpoints "pass": each interior checkpoint formed in the state pass (from kd^T,
+    or from 16-token slices of G and k where a channel's lift exceeds the bound; offsets in
+    every slice of a 64-token chunk, at a slice's first and last token, in a chunk of a short
+    last sequence), against the float64 recurrence."""
     config = KernelConfig(chunk_size=chunk_size, block_v=block_v, pipeline=pipeline, solve=solve,
                           checkpoints="pass")
     run_config_checked(config, fused_norms, seed,
@@ -322,18 +323,14 @@ def test_checkpoints_in_the_pass_whatever_the_lift(pipeline, chunk_size, erasing
     both forms run in one call; at 16-token chunks up to 75 (in-chunk 1), the most the gate
     contract allows there. Each against the float64 recurrence: at chunk 64 the kd form beyond
     the bound overflows its scale (NaN)."""
-    lengths, heads, dim = [150, 37], 2, 64
-    x = make_inputs(lengths, heads, dim, seed=seed % 1000)
+    lengths = [150, 37]
+    x = make_inputs(lengths, 2, 64, seed=seed % 1000)
     x.g.clamp_(min=-0.5)
     if erasing:
         x.g[:, :, 5] = -5.0
     config = KernelConfig(chunk_size=chunk_size, block_v=32, pipeline=pipeline,
                           checkpoints="pass")
-    meta, num_slots = lay_out(lengths, [[1, 29, 57, 141], [13, 19, N_, 36]], capacity=4,
-                              seed=seed)
-    caps = Caps(device="cpu", num_heads=heads, head_dim=dim, max_tokens=sum(lengths),
-                max_seqs=len(lengths), max_state_slots=num_slots, max_checkpoints=4)
-    run_checked(plan(caps, config), x, meta, make_pool(meta, num_slots, x, seed))
+    run_layout_checked(config, x, lengths, [[1, 29, 57, 141], [13, 19, N_, 36]], seed)
 
 
 def run_config_checked(config: KernelConfig, fused_norms: bool, seed: int,
@@ -341,13 +338,23 @@ def run_config_checked(config: KernelConfig, fused_norms: bool, seed: int,
     """Plan `config` for three sequences (150, 5 and 64 tokens, 2 heads of 64, the softplus
     gate) with these checkpoints at capacity 4, run it and check it against the float64
     recurrence (run_checked); returns the plan."""
-    lengths, heads, dim = [150, 5, 64], 2, 64
-    x = make_inputs(lengths, heads, dim, gate="softplus", qk_l2norm=fused_norms,
+    lengths = [150, 5, 64]
+    x = make_inputs(lengths, 2, 64, gate="softplus", qk_l2norm=fused_norms,
                     beta_sigmoid=fused_norms, seed=seed % 1000)
+    return run_layout_checked(config, x, lengths, checkpoints, seed, gate="softplus",
+                              qk_l2norm=fused_norms, beta_sigmoid=fused_norms)
+
+
+def run_layout_checked(config: KernelConfig, x, lengths: list[int],
+                       checkpoints: list[list[int]], seed: int, **caps_options):
+    """Plan `config` for inputs x of sequences of `lengths` with these checkpoints at capacity
+    4 (caps_options: the gate and the fused transforms), run it and check it against the
+    float64 recurrence (run_checked); returns the plan."""
+    heads, dim = x.q.shape[1], x.q.shape[2]
     meta, num_slots = lay_out(lengths, checkpoints, capacity=4, seed=seed)
     caps = Caps(device="cpu", num_heads=heads, head_dim=dim, max_tokens=sum(lengths),
                 max_seqs=len(lengths), max_state_slots=num_slots, max_checkpoints=4,
-                gate="softplus", qk_l2norm=fused_norms, beta_sigmoid=fused_norms)
+                **caps_options)
     planned = plan(caps, config)
     run_checked(planned, x, meta, make_pool(meta, num_slots, x, seed))
     return planned
