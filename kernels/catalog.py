@@ -182,8 +182,9 @@ def config_problems(config: KernelConfig, head_dim: int) -> list[str]:
     num_stages >= 1; dot_precision one of Triton's input precisions; operand_dtype one of
     kernels.config.OPERAND_DTYPES; pipeline one of kernels.config.PIPELINES; segments in
     1..kernels.config.MAX_SEGMENTS; solve one of kernels.config.SOLVES, "inverse" only with
-    the split pipeline; checkpoints one of kernels.config.CHECKPOINT_PATHS. Fields
-    KernelConfig does not have are not checked.
+    the split pipeline; checkpoints one of kernels.config.CHECKPOINT_PATHS, "pass" only with
+    16-token chunks (kernels.config.PASS_CHECKPOINT_CHUNK). Fields KernelConfig does not have
+    are not checked.
     """
     problems = []
     values = config_to_dict(config)
@@ -221,9 +222,13 @@ def config_problems(config: KernelConfig, head_dim: int) -> list[str]:
     elif solve == "inverse" and pipeline not in (None, "split"):
         problems.append(f"solve 'inverse' runs in the split pipeline only (got {pipeline!r})")
     checkpoints = values.get("checkpoints")
+    pass_chunk = kernel_config.PASS_CHECKPOINT_CHUNK
     if checkpoints is not None and checkpoints not in kernel_config.CHECKPOINT_PATHS:
         problems.append(f"checkpoints {checkpoints!r} must be one of "
                         f"{kernel_config.CHECKPOINT_PATHS}")
+    elif checkpoints == "pass" and chunk_size not in (None, pass_chunk):
+        problems.append(f"checkpoints 'pass' runs with {pass_chunk}-token chunks only (got "
+                        f"chunk_size {chunk_size})")
     operand_dtypes = getattr(kernel_config, "OPERAND_DTYPES", None)
     operand = values.get("operand_dtype")
     if operand is not None and operand_dtypes is not None and operand not in operand_dtypes:

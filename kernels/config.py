@@ -11,13 +11,14 @@ import torch
 from .contract import AUTO_BACKEND, BACKENDS, GATE_MODES, MIN_LOWER_BOUND, VALIDATION_MODES
 
 __all__ = ["AUTO_BACKEND", "BACKENDS", "CHECKPOINT_PATHS", "CHUNK_SIZE", "MAX_SEGMENTS",
-           "OPERAND_DTYPES", "PIPELINES", "SHARED_MEMORY_BUDGET_BYTES", "SOLVES",
-           "Caps", "CuteConfig", "KernelConfig"]
+           "OPERAND_DTYPES", "PASS_CHECKPOINT_CHUNK", "PIPELINES", "SHARED_MEMORY_BUDGET_BYTES",
+           "SOLVES", "Caps", "CuteConfig", "KernelConfig"]
 
 OPERAND_DTYPES = ("float32", "bfloat16")
 PIPELINES = ("fused", "split")
 SOLVES = ("substitution", "inverse")
 CHECKPOINT_PATHS = ("kernel", "pass")
+PASS_CHECKPOINT_CHUNK = 16  # the one chunk size of checkpoints "pass" (kernels/triton/prefill.py)
 CHUNK_SIZE = 32
 SHARED_MEMORY_BUDGET_BYTES = 99 * 1024
 MAX_SEGMENTS = 16
@@ -75,7 +76,8 @@ class KernelConfig:
     inside a chunk) is finished: "kernel" leaves the chunk-start state in its slot for a
     parallel checkpoint kernel after the pass (a second write and a read-back, off the pass's
     chain); "pass" forms it in the pass and writes it once (on the program's chain: faster
-    where checkpoints are dense, slower on long single sequences; kernels/triton/prefill.py).
+    where checkpoints are dense, slower on long single sequences; kernels/triton/prefill.py),
+    with 16-token chunks only (PASS_CHECKPOINT_CHUNK).
     """
 
     chunk_size: int = CHUNK_SIZE

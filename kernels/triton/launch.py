@@ -212,7 +212,7 @@ def _state_pass(binding, stride_slots: int, part: int, chunk_lo: int, chunk_hi: 
     ranges = part if parallel else 1
     spare = ws["ws_U"]  # stands for the workspaces a variant does not read
     kda_state_pass_kernel[(meta_capacity * ranges, triton.cdiv(K, config.block_v), H)](
-        binding.out, binding.k, binding.state_pool, binding.cu_seqlens,
+        binding.out, binding.state_pool, binding.cu_seqlens,
         binding.num_seqs, ws["chunk_offsets"], binding.initial_state_indices,
         binding.final_state_indices, binding.checkpoint_offsets,
         binding.checkpoint_state_indices, *(ws[name] for name in KERNEL_WORKSPACES),
@@ -222,7 +222,7 @@ def _state_pass(binding, stride_slots: int, part: int, chunk_lo: int, chunk_hi: 
         H=H, K=K, V=K, BV=config.block_v, CHUNK=config.chunk_size, CK=caps.max_checkpoints,
         DOT_PRECISION=config.dot_precision, UPCAST_DOTS=interpreted(),
         SPLIT_OUTPUT=config.pipeline == "split", FILL_ROWS=FILL_ROWS, PARALLEL=parallel,
-        QK_L2NORM=caps.qk_l2norm, CHECKPOINTS_IN_PASS=config.checkpoints == "pass",
+        CHECKPOINTS_IN_PASS=config.checkpoints == "pass",
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 

@@ -20,18 +20,18 @@ that starts inside the range and runs past it, from the copy of its initial stat
 transition pass took (the last range may write that slot while the first would still read it).
 
 A checkpoint at in-chunk position p < CHUNK is the same update truncated to the chunk's first p
-tokens, exp(G_p) S + (k exp(G_p - G))[:p]^T delta[:p] (G from ws_G, k from the caller's keys),
-behind the loop's one scalar test per chunk. Where it is finished is the config's
-`checkpoints`: "kernel" (CHECKPOINTS_IN_PASS off) leaves the chunk-start state in the
-checkpoint's slot and the chunk's delta in ws_U, and kda_checkpoint_kernel finishes every such
-checkpoint in parallel after the pass (off the programs' chains, at the price of a second write
-and a read-back of the slot); "pass" forms it in the pass from the chunk-start state and delta
-in registers and writes it once (on the program's chain). One at p == CHUNK is the chunk-end
-state itself,
-so chunk-aligned checkpoints equal, bit for bit, the final state of a run over the prefix. The
-chunk mirror in kdabench.oracles spells out the same algorithm in plain torch. On a non-zero
-error code the program only poisons its share of the output with NaN and never touches the
-pool.
+tokens, exp(G_p) S + (k exp(G_p - G))[:p]^T delta[:p], behind the loop's one scalar test per
+chunk. Where it is finished is the config's `checkpoints`: "kernel" (CHECKPOINTS_IN_PASS off)
+leaves the chunk-start state in the checkpoint's slot and the chunk's delta in ws_U, and
+kda_checkpoint_kernel finishes every such checkpoint in parallel after the pass, from G in ws_G
+and the caller's keys (off the programs' chains, at the price of a second write and a read-back
+of the slot); "pass" (16-token chunks only) forms it in the pass from kd^T, the chunk-start
+state and delta in registers and two G rows, as exp(G_p - G_last) (exp(G_last) S + kd^T
+delta[:p]), and writes it once (on the program's chain). One at p == CHUNK is the chunk-end
+state itself, so chunk-aligned checkpoints equal, bit for bit, the final state of a run over the
+prefix. The chunk mirror in kdabench.oracles spells out the same algorithm in plain torch. On a
+non-zero error code the program only poisons its share of the output with NaN and never touches
+the pool.
 """
 
 from __future__ import annotations
@@ -39,19 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..contract import MIN_LOWER_BOUND
 from .common import chunk_of, load_keys, mma, pool_tile, row_of, segment_bounds
-
-SLICE = tl.constexpr(16)  # tokens per step of an interior checkpoint's truncated product
-# The largest lift G_p - G_last over channels for which a checkpoint's truncated update is
-# formed from kd and exp(G_last) (_checkpoint_from_kd): the fp32 scale exp(75) = 3.7e32 stays
-# finite, and a term k exp(G_p - G) (or exp(G_p) S) leaves the normal range of fp32 and bf16
-# (exp(-87)) as kd's entry (or exp(G_last) S) only below exp(-12) = 6e-6 times |k| (or |S|). A
-# chunk's log decay spans at most (CHUNK - 1) * -lower bound (gates are at least
-# MIN_LOWER_BOUND, the contract): 75 at 16-token chunks, where nothing leaves that range and no
-# lift exceeds the bound, so only longer chunks test it.
-MAX_LIFT = tl.constexpr(75.0)
-GATE_FLOOR = tl.constexpr(MIN_LOWER_BOUND)
 
 
 @triton.jit
@@ -87,28 +75,15 @@ def _stage_interior(pool, ws_U, state, delta, ck_off, ck_idx, n, ws_rows, start,
 
 
 @triton.jit
-def _token_rows(x, s0: tl.constexpr, CHUNK: tl.constexpr):
-    """Rows [s0, s0 + SLICE) of a [CHUNK, N] tensor held in registers (CHUNK 16, 32 or 64), by
-    reshapes and splits: no round trip through memory, so no barrier in the pass's loop (one
-    there stops Triton from pipelining the loop's loads)."""
-    if CHUNK == SLICE:
-        return x
-    elif CHUNK == 2 * SLICE:
-        lo, hi = tl.split(tl.permute(tl.reshape(x, (2, SLICE, x.shape[1])), (1, 2, 0)))
-        return lo if s0 == 0 else hi
-    else:
-        tl.static_assert(CHUNK == 4 * SLICE, "chunks of 16, 32 or 64 tokens")
-        quarters = tl.permute(tl.reshape(x, (2, 2, SLICE, x.shape[1])), (2, 3, 0, 1))
-        even, odd = tl.split(quarters)  # (s0 // SLICE) % 2
-        lo, hi = tl.split(odd if (s0 // SLICE) % 2 == 1 else even)  # s0 // (2 * SLICE)
-        return hi if s0 >= 2 * SLICE else lo
-
-
-@triton.jit
 def _checkpoint_from_kd(kd_t, state, decay, step, lift, p, CHUNK: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr):
     """exp(lift) (exp(G_last) S + kd^T delta[:p]), delta's rows from p on zeroed: the truncated
-    update, as k exp(G_p - G) = kd exp(G_p - G_last), from operands the loop holds already."""
+    update, as k exp(G_p - G) = kd exp(G_p - G_last), from operands the loop holds already.
+    Exact in fp32 at 16-token chunks: gates are at least the contract's lower bound (-5,
+    kernels/contract.py MIN_LOWER_BOUND), so a channel's lift G_p - G_last is at most 15 * 5 =
+    75, exp(lift) <= exp(75) = 3.7e32 stays finite, and a term k exp(G_p - G) (or exp(G_p) S)
+    leaves fp32's and bf16's normal range (exp(-87)) as kd's entry (or exp(G_last) S) only below
+    exp(-12) = 6e-6 |k| (or |S|)."""
     rc = tl.arange(0, CHUNK)
     head = tl.where(rc[:, None] < p, step, tl.zeros_like(step))
     partial = decay[:, None] * state + mma(kd_t, head, DOT_PRECISION, UPCAST_DOTS)
@@ -116,40 +91,17 @@ def _checkpoint_from_kd(kd_t, state, decay, step, lift, p, CHUNK: tl.constexpr,
 
 
 @triton.jit
-def _checkpoint_from_keys(k, ws_G, state, step, Gp, p, bos, gl_row, start, h, rk,
-                          H: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
-                          QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+def _interior_checkpoints(pool, ws_G, kd_t, state, decay, step, ck_off, ck_idx, n, gl_row, start,
+                          h, rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                          CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
                           UPCAST_DOTS: tl.constexpr):
-    """exp(G_p) S + (k exp(G_p - G))[:p]^T delta[:p] from G and k in memory, over 16-token
-    slices (each a G and a k load waited on in turn), so that no [CHUNK, K] tile is held:
-    whole-chunk tiles raised the split pass at chunk 64 from 130 to 246 registers (sm_90)."""
-    rs = tl.arange(0, SLICE)
-    partial = tl.exp(Gp)[:, None] * state
-    for s0 in tl.static_range(0, CHUNK, SLICE):
-        if s0 < p:
-            rows = gl_row * CHUNK + s0 + rs
-            G = tl.load(ws_G + rows[:, None] * K + rk[None, :])
-            kk = load_keys(k, (bos + start + s0 + rs) * H + h, rk, s0 + rs < p, K, QK_L2NORM)
-            kp = (kk * tl.exp(tl.minimum(Gp[None, :] - G, 0.0))).to(step.dtype)
-            partial += mma(tl.trans(kp), _token_rows(step, s0, CHUNK), DOT_PRECISION,
-                           UPCAST_DOTS)
-    return partial
-
-
-@triton.jit
-def _interior_checkpoints(k, pool, ws_G, kd_t, state, decay, step, ck_off, ck_idx, n, bos,
-                          gl_row, start, h, rk, rv, H: tl.constexpr, K: tl.constexpr,
-                          V: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr,
-                          QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                          UPCAST_DOTS: tl.constexpr):
-    """Each checkpoint strictly inside this chunk, at in-chunk position p, to its slot: the
-    chunk's update truncated to its first p tokens, from the chunk-start state and the chunk's
-    delta (`step`, in the dots' operand dtype), called before the state update. From kd^T (the
-    loop's operand) where every channel's lift G_p - G_last is at most MAX_LIFT, which holds at
-    16-token chunks by the gate contract: two G rows are its only loads. Otherwise from G and k
-    in memory. The loop over checkpoints is unrolled (static_range): rolled, it cost capacity 4
-    30-50% more instructions per chunk than capacity 1 even where no checkpoint falls (sm_90
-    SASS)."""
+    """Each checkpoint strictly inside this 16-token chunk, at in-chunk position p, to its slot:
+    the chunk's update truncated to its first p tokens, from kd^T (the loop's operand), the
+    chunk-start state and the chunk's delta (`step`, in the dots' operand dtype), called before
+    the state update; two G rows are its only loads. The loop over checkpoints is unrolled
+    (static_range): rolled, it cost capacity 4 30-50% more instructions per chunk than capacity
+    1 even where no checkpoint falls (sm_90 SASS)."""
+    tl.static_assert(CHUNK == 16, "checkpoints in the pass run with 16-token chunks only")
     for c in tl.static_range(CK):
         offset = tl.load(ck_off + n * CK + c).to(tl.int64)
         slot = tl.load(ck_idx + n * CK + c).to(tl.int64)
@@ -157,15 +109,8 @@ def _interior_checkpoints(k, pool, ws_G, kd_t, state, decay, step, ck_off, ck_id
             p = offset - start
             Gp = tl.load(ws_G + (gl_row * CHUNK + p - 1) * K + rk)
             lift = Gp - tl.load(ws_G + (gl_row * CHUNK + CHUNK - 1) * K + rk)
-            # the first test is a constant: at 16-token chunks neither the reduction nor the
-            # slices are compiled
-            if (CHUNK - 1) * -GATE_FLOOR <= MAX_LIFT or tl.max(lift, axis=0) <= MAX_LIFT:
-                partial = _checkpoint_from_kd(kd_t, state, decay, step, lift, p, CHUNK,
-                                              DOT_PRECISION, UPCAST_DOTS)
-            else:
-                partial = _checkpoint_from_keys(k, ws_G, state, step, Gp, p, bos, gl_row, start,
-                                                h, rk, H, K, CHUNK, QK_L2NORM, DOT_PRECISION,
-                                                UPCAST_DOTS)
+            partial = _checkpoint_from_kd(kd_t, state, decay, step, lift, p, CHUNK,
+                                          DOT_PRECISION, UPCAST_DOTS)
             tl.store(pool_tile(pool, slot, h, rk, rv, H, K, V), partial)
 
 
@@ -194,12 +139,12 @@ def _next_checkpoint(ck_off, ck_idx, n, after, none_offset, CK: tl.constexpr):
 
 @triton.jit
 def _state_pass(
-    out, k, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx, ws_G,
-    ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry, scale, num_chunk_slots,
-    part, chunk_lo, chunk_hi, n, iv, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx, ws_G, ws_QG,
+    ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry, scale, num_chunk_slots, part,
+    chunk_lo, chunk_hi, n, iv, h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, PARALLEL: tl.constexpr,
-    QK_L2NORM: tl.constexpr, CHECKPOINTS_IN_PASS: tl.constexpr,
+    CHECKPOINTS_IN_PASS: tl.constexpr,
 ):
     bos = tl.load(cu_seqlens + n).to(tl.int64)
     seqlen = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
@@ -225,10 +170,9 @@ def _state_pass(
         else:  # the state where the range before this one left it
             state = tl.load(carried - H * K * V)
         state = _walk_chunks(
-            out, k, pool, ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S,
-            state, scale, num_chunk_slots, bos, seqlen, first_chunk, lo * CHUNK, hi * CHUNK, n,
-            h, rk, rv, H, K, V, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, QK_L2NORM,
-            CHECKPOINTS_IN_PASS)
+            out, pool, ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, state,
+            scale, num_chunk_slots, bos, seqlen, first_chunk, lo * CHUNK, hi * CHUNK, n, h, rk,
+            rv, H, K, V, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, CHECKPOINTS_IN_PASS)
         if hi == chunks:
             final_slot = tl.load(final_idx + n).to(tl.int64)
             if final_slot >= 0:
@@ -239,11 +183,11 @@ def _state_pass(
 
 @triton.jit
 def _walk_chunks(
-    out, k, pool, ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, state,
+    out, pool, ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, state,
     scale, num_chunk_slots, bos, seqlen, first_chunk, begin, end, n, h, rk, rv,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
-    QK_L2NORM: tl.constexpr, CHECKPOINTS_IN_PASS: tl.constexpr,
+    CHECKPOINTS_IN_PASS: tl.constexpr,
 ):
     """The state from token `begin` to `end` (chunk boundaries) of sequence n, chunk by chunk,
     with the output (fused) or the chunk-start states (split) and the checkpoints on the way."""
@@ -273,9 +217,9 @@ def _walk_chunks(
                      o.to(out.dtype.element_ty), mask=(start + rc < seqlen)[:, None])
         if next_checkpoint < start + CHUNK:
             if CHECKPOINTS_IN_PASS:
-                _interior_checkpoints(k, pool, ws_G, kd_t, state, decay, step, ck_off, ck_idx, n,
-                                      bos, gl_row, start, h, rk, rv, H, K, V, CHUNK, CK, QK_L2NORM,
-                                      DOT_PRECISION, UPCAST_DOTS)
+                _interior_checkpoints(pool, ws_G, kd_t, state, decay, step, ck_off, ck_idx, n,
+                                      gl_row, start, h, rk, rv, H, K, V, CHUNK, CK, DOT_PRECISION,
+                                      UPCAST_DOTS)
             else:
                 _stage_interior(pool, ws_U, state, delta, ck_off, ck_idx, n, ws_rows, start, h,
                                 rk, rv, H, K, V, CHUNK, CK, SPLIT_OUTPUT)
@@ -290,13 +234,13 @@ def _walk_chunks(
 
 @triton.jit
 def kda_state_pass_kernel(
-    out, k, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
+    out, pool, cu_seqlens, num_seqs_ptr, chunk_offsets, init_idx, final_idx,
     ck_off, ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry,
     err_ptr, scale, token_capacity, meta_capacity, num_chunk_slots, part, chunk_lo, chunk_hi,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, CK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_DOTS: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, FILL_ROWS: tl.constexpr,
-    PARALLEL: tl.constexpr, QK_L2NORM: tl.constexpr, CHECKPOINTS_IN_PASS: tl.constexpr,
+    PARALLEL: tl.constexpr, CHECKPOINTS_IN_PASS: tl.constexpr,
 ):
     """One program per (sequence slot, V block, head); with PARALLEL, `part` is the range
     count and the first axis runs over (range, sequence slot)."""
@@ -315,18 +259,18 @@ def kda_state_pass_kernel(
                 index = part - 1 - pid // meta_capacity
                 range_lo, range_hi = segment_bounds(chunk_offsets, num_seqs, index, part)
                 _state_pass(
-                    out, k, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off,
-                    ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry,
-                    ws_entry, scale, num_chunk_slots, index, range_lo, range_hi, n, iv, h, H, K,
-                    V, BV, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, PARALLEL, QK_L2NORM,
+                    out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
+                    ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry,
+                    scale, num_chunk_slots, index, range_lo, range_hi, n, iv, h, H, K, V, BV,
+                    CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, PARALLEL,
                     CHECKPOINTS_IN_PASS,
                 )
             else:
                 _state_pass(
-                    out, k, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off,
-                    ck_idx, ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry,
-                    ws_entry, scale, num_chunk_slots, part, chunk_lo, chunk_hi, n, iv, h, H, K,
-                    V, BV, CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, PARALLEL, QK_L2NORM,
+                    out, pool, cu_seqlens, chunk_offsets, init_idx, final_idx, ck_off, ck_idx,
+                    ws_G, ws_QG, ws_KD, ws_GL, ws_W, ws_U, ws_Aqk, ws_S, ws_carry, ws_entry,
+                    scale, num_chunk_slots, part, chunk_lo, chunk_hi, n, iv, h, H, K, V, BV,
+                    CHUNK, CK, DOT_PRECISION, UPCAST_DOTS, SPLIT_OUTPUT, PARALLEL,
                     CHECKPOINTS_IN_PASS,
                 )
 

@@ -150,6 +150,15 @@ def test_config_problems_name_the_field(changes, fragment):
     assert len(problems) == 1 and fragment in problems[0]
 
 
+def test_checkpoints_in_the_pass_need_16_token_chunks():
+    for chunk_size in (32, 64):
+        in_pass = KernelConfig(chunk_size=chunk_size, checkpoints="pass")
+        assert config_problems(in_pass, 128) == [
+            f"checkpoints 'pass' runs with 16-token chunks only (got chunk_size {chunk_size})"]
+        assert config_problems(dataclasses.replace(in_pass, checkpoints="kernel"), 128) == []
+    assert config_problems(KernelConfig(chunk_size=16, checkpoints="pass"), 128) == []
+
+
 @pytest.mark.skipif(not hasattr(KernelConfig(), "operand_dtype"),
                     reason="KernelConfig has no operand_dtype")
 def test_operand_dtype_rule_and_its_shared_memory():

@@ -4,7 +4,7 @@
     (computed on the GPU) on 13 shapes up to T = 65536, H 4..64, 1..64 sequences, and no
     worse than 1.5x fla's chunk_kda on the same inputs (those tests skip without fla); both
     pipelines (fused, split) under explicit bf16 configs at chunks 16 and 64, the interior
-    checkpoints finished by their kernel or in the pass;
+    checkpoints finished by their kernel or (at chunk 16) in the pass;
 (b) exported states at chunk-aligned offsets equal, bit for bit, the final state of a separate
     kernel run over the prefix; unaligned ones lie within the state tolerance of it;
 (c) every fault class leaves the whole pool torch.equal to its copy, sets its bit, NaNs the output,
@@ -284,20 +284,26 @@ def test_accuracy_against_float64(case_id):
     assert not failures, f"{case_id}: " + "; ".join(failures)
 
 
-@pytest.mark.parametrize("pipeline, solve, checkpoints", [
-    ("fused", "substitution", "kernel"), ("split", "substitution", "kernel"),
-    ("split", "inverse", "kernel"), ("fused", "substitution", "pass"),
-    ("split", "inverse", "pass")],
-    ids=["fused", "split", "split-inverse", "fused-in-pass", "split-inverse-in-pass"])
-@pytest.mark.parametrize("chunk_size, segments", [(16, 1), (64, 1), (64, 8)],
-                         ids=["c16", "c64", "c64-segments8"])
+# (pipeline, solve, checkpoints, chunk_size, segments); checkpoints "pass": 16-token chunks only
+PIPELINE_CONFIGS = [
+    *((pipeline, solve, "kernel", chunk_size, segments)
+      for pipeline, solve in (("fused", "substitution"), ("split", "substitution"),
+                              ("split", "inverse"))
+      for chunk_size, segments in ((16, 1), (64, 1), (64, 8))),
+    *((pipeline, solve, "pass", 16, segments)
+      for pipeline, solve in (("fused", "substitution"), ("split", "inverse"))
+      for segments in (1, 8)),
+]
+
+
+@pytest.mark.parametrize("pipeline, solve, checkpoints, chunk_size, segments", PIPELINE_CONFIGS)
 @pytest.mark.parametrize("case_id", ["T8192-N64-H16-K128-ragged", "T65536-N1-H4-K128-i64"])
 def test_pipelines_against_float64(pipeline, solve, checkpoints, chunk_size, segments, case_id):
     """Each pipeline (the split one with either solve of stage 1; the interior checkpoints
-    finished by their kernel or in the pass) under an explicit config (bf16 operands, as the
-    H200 profile picks), with the serial walk and with eight parallel segments, on a ragged
-    64-sequence batch and on one long sequence, four checkpoints per sequence, against the
-    float64 recurrence."""
+    finished by their kernel or, at 16-token chunks, in the pass) under an explicit config
+    (bf16 operands, as the H200 profile picks), with the serial walk and with eight parallel
+    segments, on a ragged 64-sequence batch and on one long sequence, four checkpoints per
+    sequence, against the float64 recurrence."""
     _, lengths, heads, dim, _, _, index_dtype, seed = CASES_BY_ID[case_id]
     x = case_inputs(case_id)
     call = Call(lengths, seed, index_dtype)

@@ -296,41 +296,38 @@ def test_kernel_configs_match_recurrent_oracle(pipeline, solve, chunk_size, bloc
     assert ("ws_S" in planned.workspaces) == (pipeline == "split")
 
 
-@pytest.mark.parametrize("pipeline, solve, chunk_size, block_v, fused_norms", [
-    ("fused", "substitution", 16, 16, False), ("fused", "substitution", 32, 32, True),
-    ("split", "substitution", 64, 16, False), ("split", "inverse", 64, 64, True)],
-    ids=["fused-c16-bv16", "fused-c32-bv32-l2norm", "split-c64-bv16", "split-inverse-c64-bv64"])
-def test_checkpoints_in_the_pass_match_recurrent_oracle(pipeline, solve, chunk_size, block_v,
-                                                        fused_norms, seed):
-    """config.checkpoints "pass": each interior checkpoint formed in the state pass (from kd^T,
-    or from 16-token slices of G and k where a channel's lift exceeds the bound; offsets in
-    every slice of a 64-token chunk, at a slice's first and last token, in a chunk of a short
-    last sequence), against the float64 recurrence."""
-    config = KernelConfig(chunk_size=chunk_size, block_v=block_v, pipeline=pipeline, solve=solve,
+@pytest.mark.parametrize("pipeline, solve, block_v, fused_norms", [
+    ("fused", "substitution", 16, False), ("fused", "substitution", 32, True),
+    ("split", "substitution", 16, False), ("split", "inverse", 64, True)],
+    ids=["fused-bv16", "fused-bv32-l2norm", "split-bv16", "split-inverse-bv64-l2norm"])
+def test_checkpoints_in_the_pass_match_recurrent_oracle(pipeline, solve, block_v, fused_norms,
+                                                        seed):
+    """config.checkpoints "pass" (16-token chunks): each interior checkpoint formed in the state
+    pass from kd^T, at a chunk's first and last in-chunk positions, two in one chunk, in the
+    partial last chunk of a sequence and in the one chunk of a short sequence, against the
+    float64 recurrence."""
+    config = KernelConfig(chunk_size=16, block_v=block_v, pipeline=pipeline, solve=solve,
                           checkpoints="pass")
     run_config_checked(config, fused_norms, seed,
-                       [[1, 33, 64, 120], [N_, 4, N_, N_], [16, 17, 48, 63]])
+                       [[1, 15, 64, 147], [N_, 4, N_, N_], [17, 31, 48, 63]])
 
 
-@pytest.mark.parametrize("pipeline, chunk_size", [("fused", 16), ("split", 64)])
+@pytest.mark.parametrize("pipeline", ["fused", "split"])
 @pytest.mark.parametrize("erasing", [False, True], ids=["mild", "erasing"])
-def test_checkpoints_in_the_pass_whatever_the_lift(pipeline, chunk_size, erasing, seed):
-    """config.checkpoints "pass" forms a checkpoint from kd^T where every channel's lift G_p -
-    G_last is at most MAX_LIFT (75) and from G and k where one exceeds it. Mild gates (at most
-    -0.5 a token) keep every lift under 32; erasing ones hold one channel of each head at the
-    lower bound, -5 a token, a lift of 5 for each token from the checkpoint to its chunk's last
-    one: at 64-token chunks beyond 75 for four of these checkpoints and under it for three, so
-    both forms run in one call; at 16-token chunks up to 75 (in-chunk 1), the most the gate
-    contract allows there. Each against the float64 recurrence: at chunk 64 the kd form beyond
-    the bound overflows its scale (NaN)."""
+def test_checkpoints_in_the_pass_exact_up_to_the_largest_lift(pipeline, erasing, seed):
+    """config.checkpoints "pass" forms each checkpoint from kd^T scaled by exp(lift), lift =
+    G_p - G_last per channel, and stays exact up to the largest lift the gate contract allows
+    a 16-token chunk. Mild gates (at most -0.5 a token) keep every lift at most 7.5; erasing
+    ones hold one channel of each head at the lower bound, -5 a token, a lift of 5 for each
+    token from the checkpoint to its chunk's last one: 75 at in-chunk position 1 (offsets 1
+    and 17), the contract's largest. Each against the float64 recurrence."""
     lengths = [150, 37]
     x = make_inputs(lengths, 2, 64, seed=seed % 1000)
     x.g.clamp_(min=-0.5)
     if erasing:
         x.g[:, :, 5] = -5.0
-    config = KernelConfig(chunk_size=chunk_size, block_v=32, pipeline=pipeline,
-                          checkpoints="pass")
-    run_layout_checked(config, x, lengths, [[1, 29, 57, 141], [13, 19, N_, 36]], seed)
+    config = KernelConfig(chunk_size=16, block_v=32, pipeline=pipeline, checkpoints="pass")
+    run_layout_checked(config, x, lengths, [[1, 29, 57, 141], [13, 17, N_, 36]], seed)
 
 
 def run_config_checked(config: KernelConfig, fused_norms: bool, seed: int,

@@ -44,8 +44,8 @@ CONFIGS = [  # (pipeline, chunk, block_v, stages, operand dtype, capacity, gate,
     ("split", 64, 16, 3, "bfloat16", 4, "precomputed", False, 1, "inverse", "kernel"),
     ("split", 32, 32, 3, "bfloat16", 1, "sigmoid", True, 1, "inverse", "kernel"),
     ("fused", 16, 32, 3, "bfloat16", 4, "precomputed", False, 1, "substitution", "pass"),
-    ("fused", 32, 32, 3, "bfloat16", 4, "softplus", True, 1, "substitution", "pass"),
-    ("split", 64, 16, 3, "bfloat16", 4, "precomputed", False, 8, "inverse", "pass"),
+    ("fused", 16, 16, 3, "bfloat16", 4, "softplus", True, 1, "substitution", "pass"),
+    ("split", 16, 32, 3, "bfloat16", 4, "precomputed", False, 8, "inverse", "pass"),
 ]
 
 

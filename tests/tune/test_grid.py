@@ -44,6 +44,12 @@ def test_the_rule_refuses_with_reasons():
         assert shared_memory_estimate(config, 128) <= shared_memory_budget()
 
 
+def test_the_rule_refuses_checkpoints_in_the_pass_beyond_16_token_chunks():
+    found = candidates(QUERY, {"chunk_size": [16, 32], "checkpoints": ["kernel", "pass"]})
+    assert [(c.chunk_size, c.checkpoints, reason) for c, reason in found.refused] == [
+        (32, "pass", "checkpoints 'pass' runs with 16-token chunks only (got chunk_size 32)")]
+
+
 def test_the_default_grid_times_every_combination_and_the_heuristic():
     queries = load_queries(None)
     found = candidates(queries.queries[0], queries.grid)
