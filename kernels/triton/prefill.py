@@ -39,7 +39,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..config import PASS_CHECKPOINT_CHUNK
+from ..contract import MIN_LOWER_BOUND
 from .common import chunk_of, load_keys, mma, pool_tile, row_of, segment_bounds
+
+PASS_CHUNK = tl.constexpr(PASS_CHECKPOINT_CHUNK)
+# The largest lift G_p - G_last for which _checkpoint_from_kd is exact (its docstring), and the
+# gates' floor, which bounds the lift at (CHUNK - 1) * -floor.
+MAX_LIFT = tl.constexpr(75.0)
+GATE_FLOOR = tl.constexpr(MIN_LOWER_BOUND)
 
 
 @triton.jit
@@ -79,11 +87,10 @@ def _checkpoint_from_kd(kd_t, state, decay, step, lift, p, CHUNK: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, UPCAST_DOTS: tl.constexpr):
     """exp(lift) (exp(G_last) S + kd^T delta[:p]), delta's rows from p on zeroed: the truncated
     update, as k exp(G_p - G) = kd exp(G_p - G_last), from operands the loop holds already.
-    Exact in fp32 at 16-token chunks: gates are at least the contract's lower bound (-5,
-    kernels/contract.py MIN_LOWER_BOUND), so a channel's lift G_p - G_last is at most 15 * 5 =
-    75, exp(lift) <= exp(75) = 3.7e32 stays finite, and a term k exp(G_p - G) (or exp(G_p) S)
-    leaves fp32's and bf16's normal range (exp(-87)) as kd's entry (or exp(G_last) S) only below
-    exp(-12) = 6e-6 |k| (or |S|)."""
+    Exact in fp32 while lift <= MAX_LIFT (75): exp(75) = 3.7e32 stays finite, and a term
+    k exp(G_p - G) (or exp(G_p) S) leaves fp32's and bf16's normal range (exp(-87)) as kd's entry
+    (or exp(G_last) S) only below exp(-12) = 6e-6 |k| (or |S|). Gates are at least GATE_FLOOR
+    (the contract's lower bound, -5), so at 16-token chunks a lift is at most 15 * 5 = 75."""
     rc = tl.arange(0, CHUNK)
     head = tl.where(rc[:, None] < p, step, tl.zeros_like(step))
     partial = decay[:, None] * state + mma(kd_t, head, DOT_PRECISION, UPCAST_DOTS)
@@ -101,7 +108,8 @@ def _interior_checkpoints(pool, ws_G, kd_t, state, decay, step, ck_off, ck_idx, 
     the state update; two G rows are its only loads. The loop over checkpoints is unrolled
     (static_range): rolled, it cost capacity 4 30-50% more instructions per chunk than capacity
     1 even where no checkpoint falls (sm_90 SASS)."""
-    tl.static_assert(CHUNK == 16, "checkpoints in the pass run with 16-token chunks only")
+    tl.static_assert(CHUNK == PASS_CHUNK, "checkpoints in the pass run at PASS_CHUNK only")
+    tl.static_assert((CHUNK - 1) * -GATE_FLOOR <= MAX_LIFT, "a chunk's lift may exceed MAX_LIFT")
     for c in tl.static_range(CK):
         offset = tl.load(ck_off + n * CK + c).to(tl.int64)
         slot = tl.load(ck_idx + n * CK + c).to(tl.int64)
