@@ -1,5 +1,6 @@
 """What a receipt says of the kernel config a case ran with: the config, its source, the mode,
-the backend that ran it, and for the Triton split pipeline the ranges of chunks it runs in."""
+the backend that ran it (and the config a backend name pins), and for the Triton split
+pipeline the ranges of chunks it runs in."""
 
 from __future__ import annotations
 
@@ -7,6 +8,18 @@ import dataclasses
 from typing import Any
 
 KERNEL_RECORD_KEYS = ("kernel_config", "config_source", "policy_mode")
+CUTE_SPLIT_PREFIX = "cute-s"  # a backend name "cute-s<N>": the cute backend with key_split N
+
+
+def backend_and_config(name: str) -> tuple[str, Any]:
+    """The kernel backend a backend name (bench --backends, qualify --backend) plans on and
+    the config it pins (None: the policy's): ``cute-s2`` is the cute backend with
+    ``CuteConfig(key_split=2)``."""
+    if name.startswith(CUTE_SPLIT_PREFIX) and name[len(CUTE_SPLIT_PREFIX):].isdigit():
+        from kdabench.kernels.config import CuteConfig
+
+        return "cute", CuteConfig(key_split=int(name[len(CUTE_SPLIT_PREFIX):]))
+    return name, None
 
 
 def config_record(config: Any, source: str, mode: str) -> dict[str, Any]:

@@ -412,6 +412,7 @@ def kda_prefill(
     out: torch.Tensor | None = None,
     policy_mode: str | None = None,
     backend: str = AUTO_BACKEND,
+    config: KernelConfig | CuteConfig | None = None,
 ) -> KdaResult:
     """KDA chunked prefill over a packed batch, exporting interior checkpoints into the pool.
 
@@ -428,6 +429,7 @@ def kda_prefill(
     "PREPLANNED_ONLY"; default $KDABENCH_POLICY_MODE, else AUTO), as in plan().
     backend: "auto" (default: the backend the device's profile measured fastest for this
     query, else Triton), "triton" or "cute" (the CuTe DSL kernels, CUDA only).
+    config: an explicit config for that backend (as plan()'s); None: the policy's.
     """
     if checkpoint_offsets is None:
         capacity = 1
@@ -447,7 +449,8 @@ def kda_prefill(
         beta_sigmoid=beta_sigmoid,
         backend=backend,
     )
-    planned = plan(caps, policy_mode=policy_mode, activation_dtype=q.dtype, own_output=False)
+    planned = plan(caps, config, policy_mode=policy_mode, activation_dtype=q.dtype,
+                   own_output=False)
     if out is None:
         out = torch.empty(v.shape, dtype=v.dtype if v.dtype in ACTIVATION_DTYPES
                           else torch.bfloat16, device=v.device)

@@ -1256,7 +1256,7 @@ def test_a_backend_whose_output_differs_fails_the_case(tmp_path, tiny):
 
 def test_a_cute_key_split_is_a_backend_of_its_own(tmp_path, tiny):
     """--backends cute-s<N>: the cute backend with its key split pinned, a column of its own."""
-    from kdabench.bench.backend import backend_and_config
+    from kdabench.kernel_records import backend_and_config
     from kdabench.kernels.config import CuteConfig
 
     assert backend_and_config("cute-s2") == ("cute", CuteConfig(key_split=2))

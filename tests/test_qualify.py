@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kdabench import kernels, qualify
-from kdabench.matrix import FAULT_VARIANTS, OFFSET_MODES, MatrixError, parse_matrix
+from kdabench.inputs import make_inputs
+from kdabench.matrix import FAULT_VARIANTS, OFFSET_MODES, MatrixError, load_matrix, parse_matrix
 from kdabench.oracles.metadata import expected_error_code
 from kdabench.qualify import (
     CHUNK,
@@ -364,6 +366,34 @@ def test_unknown_backend_and_empty_selection_are_refused(tmp_path, tiny_matrix):
         Qualification(tiny_matrix, tier="cpu", backend="cute", out_dir=tmp_path)
     with pytest.raises(MatrixError, match=r"no cpu-tier case of tiny\.toml matches the filter"):
         Qualification(tiny_matrix, tier="cpu", contains="nothing-like-this", out_dir=tmp_path)
+
+
+def test_a_backend_name_pins_the_config_it_names(tmp_path, tiny_matrix):
+    """cute-s2 qualifies the cute backend with CuteConfig(key_split=2): refused where cute
+    is not in the matrix, and on the CPU tier as cute is."""
+    with pytest.raises(QualifyError, match="backend 'cute-s2' is not in the matrix's backends"):
+        Qualification(tiny_matrix, tier="cpu", backend="cute-s2", out_dir=tmp_path)
+    with pytest.raises(QualifyError, match="the cute backend runs on CUDA GPUs only"):
+        Qualification(load_matrix(None), tier="cpu", backend="cute-s2", out_dir=tmp_path)
+
+
+def test_a_pinned_config_reaches_the_call_and_the_record(monkeypatch):
+    """A Context's pinned config is what kda_prefill plans with and what the case records
+    (source "explicit", as plan() names a config it is given)."""
+    from kdabench.kernels.config import KernelConfig
+    from kdabench.qualify.harness import Context, kernel_record, prefill_call
+
+    config = KernelConfig(chunk_size=16, block_v=16, prepare_warps=8)  # no policy's choice
+    ctx = Context(torch.device("cpu"), "cpu", "triton", None, config=config)
+    seen = {}
+    monkeypatch.setattr(kernels, "kda_prefill", lambda *args, **kwargs: seen.update(kwargs))
+    meta = build_metadata([5], 1, "first", random.Random(0))
+    x = make_inputs([5], 1, 64)
+    prefill_call(ctx, x, meta, torch.zeros(meta.num_slots, 1, 64, 64), torch.int32)()
+    assert seen["config"] is config and seen["backend"] == "triton"
+    record = kernel_record(ctx, caps=None)
+    assert record["kernel_config"] == dataclasses.asdict(config)
+    assert record["config_source"] == "explicit"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")

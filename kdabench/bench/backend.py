@@ -45,19 +45,6 @@ def import_failure(package: str, error: Exception, extra: str, purpose: str) -> 
     return f"{package} does not import: {type(error).__name__}: {error}"
 
 
-CUTE_SPLIT_PREFIX = "cute-s"  # a backend name "cute-s<N>": the cute backend with key_split N
-
-
-def backend_and_config(name: str) -> tuple[str, Any]:
-    """The kernel backend a --backends name plans on and the config it pins (None: the
-    policy's): ``cute-s2`` is the cute backend with ``CuteConfig(key_split=2)``."""
-    if name.startswith(CUTE_SPLIT_PREFIX) and name[len(CUTE_SPLIT_PREFIX):].isdigit():
-        from kdabench.kernels.config import CuteConfig
-
-        return "cute", CuteConfig(key_split=int(name[len(CUTE_SPLIT_PREFIX):]))
-    return name, None
-
-
 def backend_kernel(backend: str) -> str:
     """The kernel name of a further backend's column: ``kdabench-<backend>``."""
     return f"{KDABENCH}-{backend}"

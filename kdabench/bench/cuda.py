@@ -56,7 +56,6 @@ from kdabench.bench.backend import (
     KernelCalls,
     Outputs,
     Prepared,
-    backend_and_config,
     backend_kernel,
     import_failure,
 )
@@ -67,7 +66,7 @@ from kdabench.bench.shapes import BenchShape, ShapeSet
 from kdabench.bench.timing import capture_graph, cuda_event_timer
 from kdabench.bench.work import CHECKPOINTS, Ceilings, count_bytes
 from kdabench.inputs import KdaInputs
-from kdabench.kernel_records import plan_record
+from kdabench.kernel_records import backend_and_config, plan_record
 from kdabench.stats import median
 
 DEFAULT_L2_BYTES = 50 * 1024 * 1024

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kdabench.bench.backend import CUTE_SPLIT_PREFIX, MODES, PEERS
+from kdabench.bench.backend import MODES, PEERS
 from kdabench.bench.shapes import BenchShape, ShapeSet
+from kdabench.kernel_records import CUTE_SPLIT_PREFIX
 from kdabench.matrix import MatrixError, check_shard
 
 NO_PEER = "none"

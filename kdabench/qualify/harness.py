@@ -36,13 +36,15 @@ def kernels_api():
 
 @dataclass
 class Context:
-    """What every runner needs: where it runs, which backend, the timing and the seed."""
+    """What every runner needs: where it runs, which backend (and the config a backend name
+    such as cute-s2 pins; None: the policy's), the timing and the seed."""
 
     device: torch.device
     tier: str
     backend: str
     timing: Mapping[str, int] | None  # None: no timing (CPU tier)
     matrix_seed: int = 0
+    config: Any = None
 
     def rng(self, case: Case, salt: str = "") -> random.Random:
         return random.Random(f"{self.matrix_seed}/{case.id}/{salt}")
@@ -129,7 +131,10 @@ def case_caps(ctx: Context, case: Case, meta: Metadata, tokens: int):
 def kernel_record(ctx: Context, caps, activation_dtype=torch.bfloat16) -> dict[str, Any]:
     """What kda_prefill resolves for a call with these caps: its config, source and mode
     (resolved as plan() does, without allocating a second plan's workspaces)."""
-    resolved = kernels_api().resolve_config(caps, activation_dtype=activation_dtype)
+    kernels = kernels_api()
+    if ctx.config is not None:  # as plan() records an explicit config
+        return config_record(ctx.config, "explicit", kernels.resolve_mode().value)
+    resolved = kernels.resolve_config(caps, activation_dtype=activation_dtype)
     return config_record(resolved.config, resolved.source, resolved.mode.value)
 
 
@@ -145,7 +150,7 @@ def prefill_call(ctx: Context, x: KdaInputs, meta: Metadata, pool: torch.Tensor,
 
     def call():
         return kernels.kda_prefill(q, k, v, g, beta, state_pool=pool, out=out, **tensors, **gate,
-                                   backend=ctx.backend)
+                                   backend=ctx.backend, config=ctx.config)
     return call
 
 
@@ -269,7 +274,7 @@ def rejected_run(ctx: Context, case: Case, x: KdaInputs, meta: Metadata, expecte
         call = prefill_call(ctx, x, meta, pool, dtype)
     else:  # the live count is a planned-path input
         kernels = kernels_api()
-        planned = kernels.plan(case_caps(ctx, case, meta, x.q.shape[0]))
+        planned = kernels.plan(case_caps(ctx, case, meta, x.q.shape[0]), ctx.config)
         binding = kernels.bind(planned, x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
                                num_seqs=meta.num_seqs, A_log=x.A_log, dt_bias=x.dt_bias,
                                **meta.tensors(ctx.device, dtype))

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kdabench import interp_memcheck
-from kdabench.kernel_records import KERNEL_RECORD_KEYS
+from kdabench.kernel_records import KERNEL_RECORD_KEYS, backend_and_config
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
 from kdabench.qualify.compile_clock import CLOCK, MEASURES
 from kdabench.qualify.harness import Context
@@ -201,7 +201,9 @@ class Qualification:
         self.matrix = matrix
         self.tier = tier or default_tier()
         self.backend = backend or matrix.backends[0]
-        if self.backend not in matrix.backends:
+        # a name such as cute-s2 runs its backend with the config it pins (as the bench's)
+        kernel_backend, pinned = backend_and_config(self.backend)
+        if kernel_backend not in matrix.backends:
             raise QualifyError(f"backend {self.backend!r} is not in the matrix's backends "
                                f"({', '.join(matrix.backends)})")
         if case_indices is None:
@@ -215,10 +217,10 @@ class Qualification:
         from kdabench.kernels import KdaPolicyError, resolve_mode
         from kdabench.kernels.contract import BACKENDS
 
-        if self.backend not in BACKENDS:
+        if kernel_backend not in BACKENDS:
             raise QualifyError(f"backend {self.backend!r} is not available here "
                                f"(have: {', '.join(BACKENDS)})")
-        if self.backend == "cute" and self.tier != "gpu":
+        if kernel_backend == "cute" and self.tier != "gpu":
             raise QualifyError("the cute backend runs on CUDA GPUs only: qualify it with "
                                "--tier gpu (the CPU tier runs the Triton kernels interpreted)")
         try:
@@ -244,10 +246,11 @@ class Qualification:
         self.builder = new_receipt("qualify", config=config, command_line=command_line,
                                    device=device_identity(str(self.device)), created_at=created_at)
         self.path = free_receipt_path(receipt_dir(out_dir), self.builder.filename(), shard)
-        self.context = Context(self.device, self.tier, self.backend,
-                               matrix.timing if self.tier == "gpu" else None, matrix.seed)
+        self.context = Context(self.device, self.tier, kernel_backend,
+                               matrix.timing if self.tier == "gpu" else None, matrix.seed,
+                               config=pinned)
         CLOCK.install()
-        self.backend_load_s = CLOCK.load_backend(self.backend, self.device)
+        self.backend_load_s = CLOCK.load_backend(kernel_backend, self.device)
 
     def run(self, *, on_start: Callable[[Case], None] | None = None,
             on_case: Callable[[dict[str, Any]], None] | None = None) -> QualifyResult:

@@ -203,3 +203,19 @@ def test_support_report_on_a_missing_device_says_why():
     report = support_report("cuda:0")
     assert report["eligible"] is False
     assert any(re.search("CUDA", reason) for reason in report["reasons"]), report["reasons"]
+
+
+def test_kda_prefill_plans_with_the_config_it_is_given():
+    """kda_prefill(config=...) is plan()'s explicit config: one it cannot honour is refused
+    with plan()'s reason."""
+    from kdabench.inputs import make_inputs
+    from kdabench.kernels import KernelConfig, kda_prefill
+
+    x = make_inputs([8], HEADS, DIM, device=DEVICE)
+    index = torch.tensor([0], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(KdaConfigError, match=r"checkpoints 'pass' runs with 16-token chunks "
+                                             r"only \(got chunk_size 64\)"):
+        kda_prefill(x.q, x.k, x.v, x.g, x.beta, state_pool=x.initial_state.clone(),
+                    cu_seqlens=x.cu_seqlens.to(torch.int32), initial_state_indices=index,
+                    final_state_indices=index,
+                    config=KernelConfig(chunk_size=64, checkpoints="pass"))

@@ -49,7 +49,7 @@ def run_graph(ctx: Context, case: Case) -> Outcome:
     static = shape_meta.tensors(ctx.device, dtype)
     pool = torch.full((num_slots, p["heads"], p["head_dim"], p["head_dim"]), SENTINEL,
                       dtype=torch.float32, device=ctx.device)
-    planned = kernels.plan(case_caps(ctx, case, shape_meta, tokens))
+    planned = kernels.plan(case_caps(ctx, case, shape_meta, tokens), ctx.config)
     binding = kernels.bind(planned, x.q, x.k, x.v, x.g, x.beta, state_pool=pool,
                            A_log=x.A_log, dt_bias=x.dt_bias, **static)
 
