@@ -9,16 +9,21 @@ from typing import Any
 
 KERNEL_RECORD_KEYS = ("kernel_config", "config_source", "policy_mode")
 CUTE_SPLIT_PREFIX = "cute-s"  # a backend name "cute-s<N>": the cute backend with key_split N
+CUTE_WGMMA = "cute-wgmma"  # the cute backend with its pass on warpgroup MMA (sm_90a)
 
 
 def backend_and_config(name: str) -> tuple[str, Any]:
     """The kernel backend a backend name (bench --backends, qualify --backend) plans on and
     the config it pins (None: the policy's): ``cute-s2`` is the cute backend with
-    ``CuteConfig(key_split=2)``."""
+    ``CuteConfig(key_split=2)``, ``cute-wgmma`` with ``CuteConfig(algorithm="wgmma")``."""
     if name.startswith(CUTE_SPLIT_PREFIX) and name[len(CUTE_SPLIT_PREFIX):].isdigit():
         from kdabench.kernels.config import CuteConfig
 
         return "cute", CuteConfig(key_split=int(name[len(CUTE_SPLIT_PREFIX):]))
+    if name == CUTE_WGMMA:
+        from kdabench.kernels.config import CuteConfig
+
+        return "cute", CuteConfig(algorithm="wgmma")
     return name, None
 
 

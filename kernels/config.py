@@ -97,11 +97,14 @@ class KernelConfig:
 class CuteConfig:
     """The cute backend's kernels. algorithm: "chunk" (16-token chunks: a chunk-parallel
     preparation, then a state pass on bf16 tensor cores with the state-path products split in
-    three, kernels/cute/chunk_source.py) or "recurrence" (token by token on CUDA cores,
-    kernels/cute/source.py). key_split: warps of the chunk pass that share one block of 16 V
-    columns, each holding K / key_split of the state's keys (their partial products summed
-    through shared memory every chunk). threads and rows_per_thread: the recurrence's launch
-    shape, 128 threads per state-pass block, each lane holding 16 of a column's K rows."""
+    three, kernels/cute/chunk_source.py), "wgmma" (the same with the pass on warpgroup MMA, one
+    warpgroup per 64 V columns holding all K keys, its operands brought by the TMA unit;
+    sm_90a only, kernels/cute/wgmma_source.py; key_split does not apply) or "recurrence"
+    (token by token on CUDA cores, kernels/cute/source.py). key_split: warps of the chunk pass
+    that share one block of 16 V columns, each holding K / key_split of the state's keys (their
+    partial products summed through shared memory every chunk). threads and rows_per_thread:
+    the recurrence's launch shape, 128 threads per state-pass block, each lane holding 16 of a
+    column's K rows."""
 
     backend: str = "cute"
     threads: int = 128

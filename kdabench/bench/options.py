@@ -12,7 +12,7 @@ from typing import Any
 
 from kdabench.bench.backend import MODES, PEERS
 from kdabench.bench.shapes import BenchShape, ShapeSet
-from kdabench.kernel_records import CUTE_SPLIT_PREFIX
+from kdabench.kernel_records import CUTE_SPLIT_PREFIX, CUTE_WGMMA
 from kdabench.matrix import MatrixError, check_shard
 
 NO_PEER = "none"
@@ -100,13 +100,14 @@ def kernel_backends(names: Sequence[str]) -> list[str]:
 
     "auto" is what `kda_prefill` does with default options: per shape, the backend the
     device's profile measured fastest (the case records which one ran). "cute-s<N>" is the
-    cute backend with its chunk pass's key split pinned to N (CuteConfig.key_split)."""
+    cute backend with its chunk pass's key split pinned to N (CuteConfig.key_split),
+    "cute-wgmma" with its pass on warpgroup MMA (sm_90a)."""
     from kdabench.kernels.config import AUTO_BACKEND, BACKENDS
     from kdabench.kernels.cute.variants import KEY_SPLITS
 
     names = list(dict.fromkeys(names))
     splits = tuple(f"{CUTE_SPLIT_PREFIX}{split}" for split in KEY_SPLITS)
-    known = (AUTO_BACKEND, *BACKENDS, *splits)
+    known = (AUTO_BACKEND, *BACKENDS, *splits, CUTE_WGMMA)
     bad = [name for name in names if name not in known]
     if bad or not names:
         raise BenchError(f"--backends takes a comma-separated list of {', '.join(known)} "

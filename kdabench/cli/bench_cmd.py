@@ -71,7 +71,7 @@ QUICK = {"shapes": "quick", "modes": "graph", "reps": 20}  # what --quick sets, 
               "device's profile measured fastest, as kda_prefill with default options runs "
               "(the 'runs on' column names it). cute-s<N> (cute-s1, cute-s2, ...): the cute "
               "backend with its chunk pass's key split pinned to N (CuteConfig.key_split), to "
-              "compare the splits in one run.")
+              "compare the splits in one run; cute-wgmma: its pass on warpgroup MMA (sm_90a).")
 @click.option("--reps", type=int, default=None,
               help="Timed samples per kernel, mode and case (the median is reported; every "
               "sample is kept in the receipt). Default: 100 (20 with --quick).")

@@ -61,7 +61,7 @@ def build_kernels(arch_list: str, out_dir: Path | None, check_only: bool, jobs: 
     folder = out_dir if out_dir is not None else artifact_dir()
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     if not check_only:
-        total = len(aot_variants()) * len(archs)
+        total = sum(len(aot_variants(arch)) for arch in archs)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())
         with Progress(*columns, console=console, transient=as_json) as progress:

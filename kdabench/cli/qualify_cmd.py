@@ -34,8 +34,9 @@ FAILURES_SHOWN = 20
               "gpu when a GPU is present, else cpu.")
 @click.option("--backend", metavar="NAME", default=None,
               help="Kernel backend to qualify (default: the matrix's first, 'triton'); "
-              "cute-s<N> qualifies the cute backend with its chunk pass's key split pinned to N "
-              "(the config each case ran is in the receipt).")
+              "cute-s<N> qualifies the cute backend with its chunk pass's key split pinned to N, "
+              "cute-wgmma with its pass on warpgroup MMA (sm_90a) (the config each case ran is "
+              "in the receipt).")
 @click.option("--matrix", "matrix_path", type=click.Path(path_type=Path), default=None,
               help="A matrix TOML file of your own (default: the packaged matrix).")
 @click.option("--shard", metavar="I/N", default=None,

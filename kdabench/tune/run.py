@@ -249,9 +249,13 @@ class Tune:
 
     def _other_backend_configs(self, query: TuneQuery) -> list[Any]:
         """The configs of each other backend that can run `query` here (the cute backend: its
-        chunk algorithm at every key split the head dim takes); the others are noted."""
+        chunk algorithm at every key split the head dim takes, and on WGMMA_ARCHS its pass on
+        warpgroup MMA); the others are noted."""
+        import torch
+
         from kdabench.kernels.config import CuteConfig
-        from kdabench.kernels.cute.variants import KEY_SPLITS, key_split_divides
+        from kdabench.kernels.cute.manifest import arch_of
+        from kdabench.kernels.cute.variants import KEY_SPLITS, WGMMA_ARCHS, key_split_divides
 
         found = []
         for backend in self.backends[1:]:
@@ -259,6 +263,9 @@ class Tune:
             if reason is None:
                 found += [CuteConfig(key_split=split) for split in KEY_SPLITS
                           if key_split_divides(split, query.head_dim)]
+                if torch.cuda.is_available() \
+                        and arch_of(torch.cuda.get_device_capability()) in WGMMA_ARCHS:
+                    found.append(CuteConfig(algorithm="wgmma"))
             elif backend not in self.skipped:
                 self.skipped[backend] = reason
                 self.notes.append(f"the {backend} backend was not timed for {query.id}: "

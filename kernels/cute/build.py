@@ -1,7 +1,7 @@
 """Ahead-of-time build of the cute backend: compile, export, link, and write a manifest.
 
 Runs without a GPU (nvidia-cutlass-dsl and a C compiler needed). Per architecture it writes
-`<out>/<arch>/`: `libkdabench_cute.so` (every variant of `aot_variants()`, exported through
+`<out>/<arch>/`: `libkdabench_cute.so` (every variant of `aot_variants(arch)`, exported through
 TVM-FFI), a copy of the DSL's `libcute_dsl_runtime.so` it links against, and
 `manifest.json` (arch, DSL and TVM-FFI versions, the kernel sources' sha256, each function's
 variant, each file's sha256). kdabench.kernels.cute.runtime loads what matches.
@@ -90,7 +90,7 @@ def build_arch(arch: str, out_dir: Path, variants: Sequence[Variant] | None = No
     except ImportError as exc:
         raise BuildError(f"the CuTe DSL is not installed ({exc}); pip install "
                          "'kdabench[cute]'") from exc
-    variants = list(aot_variants() if variants is None else variants)
+    variants = list(aot_variants(arch) if variants is None else variants)
     jobs = max(1, min(default_jobs() if jobs is None else jobs, len(variants)))
     target = Path(out_dir) / arch
     target.mkdir(parents=True, exist_ok=True)
@@ -151,11 +151,11 @@ def check_build(out_dir: Path, arch: str) -> tuple[dict | None, list[str]]:
     except (OSError, ValueError) as exc:
         return None, [f"{path} is unreadable: {exc}"]
     problems = manifest_problems(manifest, arch, folder)
-    expected = {variant.name for variant in aot_variants()}
+    expected = {variant.name for variant in aot_variants(arch)}
     listed = set(manifest.get("functions") or {})
     if listed != expected:
         missing, extra = sorted(expected - listed), sorted(listed - expected)
-        problems.append(f"functions differ from aot_variants(): missing {missing[:3]}, "
+        problems.append(f"functions differ from aot_variants(arch): missing {missing[:3]}, "
                         f"unexpected {extra[:3]}")
     if problems:
         return manifest, problems

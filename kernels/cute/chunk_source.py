@@ -162,9 +162,8 @@ def chunk_prep_kernel(
     wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor, wA: cute.Tensor, wU: cute.Tensor,
     wGL: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, H: Int64, CK: Int64, base: Int64,
     scale: Float32, lower_bound: Float32, K: cutlass.Constexpr, GATE: cutlass.Constexpr,
-    QK_L2NORM: cutlass.Constexpr, BETA_SIGMOID: cutlass.Constexpr,
+    QK_L2NORM: cutlass.Constexpr, BETA_SIGMOID: cutlass.Constexpr, WGMMA: cutlass.Constexpr,
 ):
-    KS = K // 16
     tid = Int64(cute.arch.thread_idx()[0])
     c = base + Int64(cute.arch.block_idx()[0])  # this launch's chunk slots from base
     h = Int64(cute.arch.block_idx()[1])
@@ -316,58 +315,136 @@ def chunk_prep_kernel(
             # U^T in the pass's accumulator order: record (column block, lane), value nt*4 + e
             # holds U[nt*8 + 2t + e % 2, 16 block + g + 8 (e // 2)] (lane = 4g + t)
             # (rows of 8: record r of a lane holds tiles 2r and 2r + 1)
+            # (for the wgmma pass: U^T [K, CHUNK] row-major, row tid)
             vv = tid % PASS_COLUMNS
             urec = (sh * (K // PASS_COLUMNS) + tid // PASS_COLUMNS) * 32 + vv % 8 * 4
             for i in cutlass.range_constexpr(CHUNK):
                 u = Float32(0.0)
                 for j in cutlass.range_constexpr(i + 1):
                     u = u + TT[i, j] * qq[j]
-                wU[(urec + i % 8 // 2) * TOKEN_STEPS + i // 16,
-                   i // 8 % 2 * 4 + vv // 8 * 2 + i % 2] = u
+                if cutlass.const_expr(WGMMA):
+                    wU[(sh * K + tid) * (CHUNK // 8) + i // 8, i % 8] = u
+                else:
+                    wU[(urec + i % 8 // 2) * TOKEN_STEPS + i // 16,
+                       i // 8 % 2 * 4 + vv // 8 * 2 + i % 2] = u
         cute.arch.sync_threads()
-        quad = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-        pair = cute.make_rmem_tensor(cute.make_layout(2), Int32)
-        records = KS * TOKEN_TILES * 32
-        for rec in cutlass.range(tid, records, PREP_THREADS):  # W, qg: (k step, n tile, lane)
-            lane = rec % 32
-            tok = (rec // 32) % TOKEN_TILES * 8 + lane // 4
-            c0 = rec // (32 * TOKEN_TILES) * 16 + lane % 4 * 2
-            quad[0], quad[2] = split_bf16x2(KR[tok, c0], KR[tok, c0 + 1])
-            quad[1], quad[3] = split_bf16x2(KR[tok, c0 + 8], KR[tok, c0 + 9])
-            cute.autovec_copy(quad, wW[sh * records + rec, None])
-            pair[0] = pack_bf16x2(QR[tok, c0], QR[tok, c0 + 1])
-            pair[1] = pack_bf16x2(QR[tok, c0 + 8], QR[tok, c0 + 9])
-            cute.autovec_copy(pair, wQ[sh * records + rec, None])
-        _store_key_records(KI, wKd, sh * (K // 8) * TOKEN_STEPS * 32, tid, quad, K)  # kd
-        for rec in cutlass.range(tid, A_RECORDS, PREP_THREADS):  # A_qk: (n tile, k step, lane)
-            lane = rec % 32
-            row = rec // (32 * TOKEN_STEPS) * 8 + lane // 4
-            t2 = (rec // 32) % TOKEN_STEPS * 16 + lane % 4 * 2
-            pair[0] = pack_bf16x2(AQ[row, t2], AQ[row, t2 + 1])
-            pair[1] = pack_bf16x2(AQ[row, t2 + 8], AQ[row, t2 + 9])
-            cute.autovec_copy(pair, wA[sh * A_RECORDS + rec, None])
-        # the operands of each checkpoint strictly inside this chunk, at in-chunk position p:
-        # k e^(G_p - G) over the first p tokens (zero after) and e^G_p, G_p = G[p - 1]
-        for m in cutlass.range(CK):
-            slot = ck_idx[n * CK + m]
-            p = ck_off[n * CK + m] - (start - cu[n])
-            if slot < 0:
-                p = Int64(0)
-            if p > 0:
-                if p < CHUNK:
-                    unit = (n * CK + m) * H + h
-                    cute.arch.sync_threads()  # KR is free again
-                    if tid < K:
-                        top = GT[p - 1, tid]
-                        for i in cutlass.range_constexpr(CHUNK):
-                            kp = Float32(0.0)
-                            if i < p:
-                                kp = KN[i, tid] * cute.math.exp(top - GT[i, tid])
-                            KR[i, tid] = kp
-                        wCD[(unit * K + tid) // 2, tid % 2] = cute.math.exp(top)
-                    cute.arch.sync_threads()
-                    _store_key_records(KR, wCK, unit * (K // 8) * TOKEN_STEPS * 32, tid, quad,
-                                       K)
+        if cutlass.const_expr(WGMMA):
+            _store_canonical(KR, QR, KI, AQ, wW, wQ, wKd, wA, sh, tid, K)
+        else:
+            _store_fragments(KR, QR, KI, AQ, wW, wQ, wKd, wA, sh, tid, K)
+        _store_checkpoint_operands(KN, GT, KR, wCK, wCD, ck_off, ck_idx, cu, n, start, h, H, CK,
+                                   tid, K, WGMMA)
+
+
+@cute.jit
+def _store_fragments(KR: cute.Tensor, QR: cute.Tensor, KI: cute.Tensor, AQ: cute.Tensor,
+                     wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor, wA: cute.Tensor,
+                     sh: Int64, tid: Int64, K: cutlass.Constexpr):
+    """W, qg, kd and A_qk of chunk-head sh in the `mma.sync` pass's register order."""
+    KS = K // 16
+    quad = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+    pair = cute.make_rmem_tensor(cute.make_layout(2), Int32)
+    records = KS * TOKEN_TILES * 32
+    for rec in cutlass.range(tid, records, PREP_THREADS):  # W, qg: (k step, n tile, lane)
+        lane = rec % 32
+        tok = (rec // 32) % TOKEN_TILES * 8 + lane // 4
+        c0 = rec // (32 * TOKEN_TILES) * 16 + lane % 4 * 2
+        quad[0], quad[2] = split_bf16x2(KR[tok, c0], KR[tok, c0 + 1])
+        quad[1], quad[3] = split_bf16x2(KR[tok, c0 + 8], KR[tok, c0 + 9])
+        cute.autovec_copy(quad, wW[sh * records + rec, None])
+        pair[0] = pack_bf16x2(QR[tok, c0], QR[tok, c0 + 1])
+        pair[1] = pack_bf16x2(QR[tok, c0 + 8], QR[tok, c0 + 9])
+        cute.autovec_copy(pair, wQ[sh * records + rec, None])
+    _store_key_records(KI, wKd, sh * (K // 8) * TOKEN_STEPS * 32, tid, quad, K)  # kd
+    for rec in cutlass.range(tid, A_RECORDS, PREP_THREADS):  # A_qk: (n tile, k step, lane)
+        lane = rec % 32
+        row = rec // (32 * TOKEN_STEPS) * 8 + lane // 4
+        t2 = (rec // 32) % TOKEN_STEPS * 16 + lane % 4 * 2
+        pair[0] = pack_bf16x2(AQ[row, t2], AQ[row, t2 + 1])
+        pair[1] = pack_bf16x2(AQ[row, t2 + 8], AQ[row, t2 + 9])
+        cute.autovec_copy(pair, wA[sh * A_RECORDS + rec, None])
+
+
+@cute.jit
+def _store_canonical(KR: cute.Tensor, QR: cute.Tensor, KI: cute.Tensor, AQ: cute.Tensor,
+                     wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor, wA: cute.Tensor,
+                     sh: Int64, tid: Int64, K: cutlass.Constexpr):
+    """W, qg, kd and A_qk of chunk-head sh as the wgmma pass's shared memory holds them
+    (kernels/cute/wgmma_source.py), each operand one contiguous block in the canonical K-major
+    layout (`canonical_word`): W (high, then low) and qg as [CHUNK tokens, K keys], K-major in
+    keys; kd (high, then low) as [K keys, CHUNK tokens], K-major in tokens; A_qk as [CHUNK, CHUNK],
+    K-major in its column."""
+    words = CHUNK * K // 2  # one bf16 operand of a chunk-head
+    for word in cutlass.range(tid, words, PREP_THREADS):
+        tok, key = _canonical_element(word, CHUNK)
+        at = sh * 2 * words + word
+        hi, lo = split_bf16x2(KR[tok, key], KR[tok, key + 1])
+        wW[at // 4, at % 4] = hi
+        wW[(at + words) // 4, (at + words) % 4] = lo
+        at = sh * words + word
+        wQ[at // 2, at % 2] = pack_bf16x2(QR[tok, key], QR[tok, key + 1])
+    _store_canonical_keys(KI, wKd, sh * 2 * words, tid, K)
+    for word in cutlass.range(tid, CHUNK * CHUNK // 2, PREP_THREADS):
+        row, col = _canonical_element(word, CHUNK)
+        at = sh * (CHUNK * CHUNK // 2) + word
+        wA[at // 2, at % 2] = pack_bf16x2(AQ[row, col], AQ[row, col + 1])
+
+
+@cute.jit
+def _canonical_element(word: Int64, MN: cutlass.Constexpr):
+    """(mn, k) of the first element of `word` in the canonical layout (`canonical_word`)."""
+    rem = word % (MN * 4)
+    return rem // 32 * 8 + rem % 32 // 4, word // (MN * 4) * 8 + rem % 4 * 2
+
+
+@cute.jit
+def _store_canonical_keys(tile: cute.Tensor, dst: cute.Tensor, base: Int64, tid: Int64,
+                          K: cutlass.Constexpr):
+    """A [CHUNK tokens, K] tile split in high and low bf16, as the B operand [K keys, CHUNK
+    tokens] of the wgmma pass's update (canonical, K-major in tokens), high from dst[base],
+    low after it (dst: rows of 4 words)."""
+    words = CHUNK * K // 2
+    for word in cutlass.range(tid, words, PREP_THREADS):
+        key, tok = _canonical_element(word, K)
+        hi, lo = split_bf16x2(tile[tok, key], tile[tok + 1, key])
+        at = base + word
+        dst[at // 4, at % 4] = hi
+        dst[(at + words) // 4, (at + words) % 4] = lo
+
+
+@cute.jit
+def _store_checkpoint_operands(KN: cute.Tensor, GT: cute.Tensor, KR: cute.Tensor,
+                               wCK: cute.Tensor, wCD: cute.Tensor, ck_off: cute.Tensor,
+                               ck_idx: cute.Tensor, cu: cute.Tensor, n: Int64, start: Int64,
+                               h: Int64, H: Int64, CK: Int64, tid: Int64, K: cutlass.Constexpr,
+                               WGMMA: cutlass.Constexpr):
+    """The operands of each checkpoint strictly inside the chunk, at in-chunk position p:
+    k e^(G_p - G) over the first p tokens (zero after; formed in KR, free again) and e^G_p,
+    G_p = G[p - 1], in the layout of the pass that reads them."""
+    quad = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+    for m in cutlass.range(CK):
+        slot = ck_idx[n * CK + m]
+        p = ck_off[n * CK + m] - (start - cu[n])
+        if slot < 0:
+            p = Int64(0)
+        if p > 0:
+            if p < CHUNK:
+                unit = (n * CK + m) * H + h
+                cute.arch.sync_threads()  # KR is free again
+                if tid < K:
+                    top = GT[p - 1, tid]
+                    for i in cutlass.range_constexpr(CHUNK):
+                        kp = Float32(0.0)
+                        if i < p:
+                            kp = KN[i, tid] * cute.math.exp(top - GT[i, tid])
+                        KR[i, tid] = kp
+                    wCD[(unit * K + tid) // 2, tid % 2] = cute.math.exp(top)
+                cute.arch.sync_threads()
+                if cutlass.const_expr(WGMMA):
+                    _store_canonical_keys(KR, wCK, unit * CHUNK * K, tid, K)
+                else:
+                    _store_key_records(KR, wCK, unit * (K // 8) * TOKEN_STEPS * 32, tid,
+                                       quad, K)
 
 
 @cute.jit
@@ -473,6 +550,28 @@ def _clamp(chunk: Int64, chunks: Int64) -> Int64:
 
 
 @cute.jit
+def _range_share(cu: cute.Tensor, co: cute.Tensor, n: Int64, chunk_lo: Int64, chunk_hi: Int64,
+                 edge: Int64):
+    """(bos, length, first chunk slot, chunks, lo, hi, mine) of sequence n in this launch:
+    its chunks lo .. hi - 1 lie within global chunks [chunk_lo, chunk_hi); mine (1 or 0):
+    whether this launch loads its state and stores it after (a sequence of no chunks belongs
+    to the first range)."""
+    bos = cu[n]
+    length = cu[n + 1] - bos
+    first = co[n]
+    chunks = _chunks(length)
+    lo = _clamp(chunk_lo - first, chunks)
+    hi = _clamp(chunk_hi - first, chunks)
+    mine = Int32(0)
+    if lo < hi:
+        mine = Int32(1)
+    if chunks == 0:
+        if edge == 0:
+            mine = Int32(1)
+    return bos, length, first, chunks, lo, hi, mine
+
+
+@cute.jit
 def _load_state(states: cute.Tensor, S: cute.Tensor, slot: Int64, h: Int64, H: Int64,
                 v0: Int64, g: Int64, t2: Int64, part: Int64, K: cutlass.Constexpr,
                 SPLIT: cutlass.Constexpr):
@@ -562,20 +661,8 @@ def chunk_pass_kernel(
                 _fill_nan(out, n, h, v0, lane, H, token_capacity, meta_capacity, K)
     else:
         if n < Int64(live[0]):
-            bos = cu[n]
-            length = cu[n + 1] - bos
-            first = co[n]
-            chunks = _chunks(length)
-            # this launch's share of the sequence: its chunks within global chunks
-            # [chunk_lo, chunk_hi); a sequence of no chunks belongs to the first range
-            lo = _clamp(chunk_lo - first, chunks)
-            hi = _clamp(chunk_hi - first, chunks)
-            mine = Int32(0)
-            if lo < hi:
-                mine = Int32(1)
-            if chunks == 0:
-                if edge == 0:
-                    mine = Int32(1)
+            bos, length, first, chunks, lo, hi, mine = _range_share(cu, co, n, chunk_lo,
+                                                                    chunk_hi, edge)
             S = cute.make_rmem_tensor(cute.make_layout(NTW * 4), Float32)
             X = cute.make_rmem_tensor(cute.make_layout(4 * NTT), Float32)
             E = cute.make_rmem_tensor(cute.make_layout(4 * NTT), Float32)
@@ -824,11 +911,13 @@ def kda_chunk_prep(
     wGL: cute.Tensor, wCK: cute.Tensor, wCD: cute.Tensor, H: Int64, CK: Int64, base: Int64,
     count: Int64, scale: Float32, lower_bound: Float32, stream, K: cutlass.Constexpr,
     GATE: cutlass.Constexpr, QK_L2NORM: cutlass.Constexpr, BETA_SIGMOID: cutlass.Constexpr,
+    WGMMA: cutlass.Constexpr,
 ):
-    """Chunk slots base .. base + count - 1 of every head."""
+    """Chunk slots base .. base + count - 1 of every head, the operands in the layout of the
+    wgmma pass (WGMMA) or of the `mma.sync` pass."""
     chunk_prep_kernel(q, k, v, g, beta, A_log, dt_bias, cu, live, err, co, ck_off, ck_idx, wW,
                       wQ, wKd, wA, wU, wGL, wCK, wCD, H, CK, base, scale, lower_bound, K, GATE,
-                      QK_L2NORM, BETA_SIGMOID).launch(
+                      QK_L2NORM, BETA_SIGMOID, WGMMA).launch(
         grid=(Int32(count), Int32(H), 1), block=(PREP_THREADS, 1, 1), stream=stream)
 
 

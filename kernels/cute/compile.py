@@ -12,7 +12,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 from cutlass.cute.typing import sym_int64
 
-from . import chunk_source, source
+from . import chunk_source, source, wgmma_source
 from .variants import Variant
 
 _ELEMENT = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32,
@@ -78,12 +78,18 @@ def _arguments(variant: Variant) -> tuple[object, list]:
         return chunk_source.kda_chunk_prep, [*inputs, *metadata, *checkpoints, *chunk_ws, i64,
                                              i64, i64, i64, cutlass.Float32(0),
                                              cutlass.Float32(0), stream,
-                                             *_transform_constants(const)]
+                                             *_transform_constants(const),
+                                             bool(const.get("WG", 0))]
     if variant.kernel == "chunk_pass":
         tensors = [_flat(dt["out"]), _flat(F32), _flat(F32), _flat(I64), _flat(I32),
                    _flat(I64), _flat(I64), *checkpoints, _flat(I32), _flat(I64), *chunk_ws]
         return chunk_source.kda_chunk_pass, [*tensors, i64, i64, i64, i64, i64, i64, stream,
                                              const["K"], const["CK"], const["W"], const["S"]]
+    if variant.kernel == "chunk_wgmma_pass":
+        tensors = [_flat(dt["out"]), _flat(F32), _flat(F32), _flat(I64), _flat(I32),
+                   _flat(I64), _flat(I64), *checkpoints, _flat(I32), _flat(I64), *chunk_ws]
+        return wgmma_source.kda_chunk_wgmma_pass, [*tensors, i64, i64, i64, i64, i64, i64,
+                                                   stream, const["K"], const["CK"]]
     raise ValueError(f"unknown kernel {variant.kernel!r}")
 
 

@@ -3,7 +3,8 @@
 Metadata is copied into the plan's int64 workspaces first (so one compiled variant serves
 int32 and int64 callers), the error code is zeroed, then validate and the algorithm's kernels
 (CuteConfig.algorithm: the recurrence's input transforms and state pass, or the chunk index,
-the chunk preparation with the transforms folded in, and the pass, per range of chunk slots)
+the chunk preparation with the transforms folded in, and the pass on `mma.sync` or, "wgmma",
+on warpgroup MMA, per range of chunk slots)
 run on torch's current stream, a ranged call's passes on a side stream joined before it
 returns: no host sync, no allocation, capturable in a CUDA graph.
 """
@@ -19,9 +20,11 @@ from .variants import (
     ALGORITHMS,
     CHUNK,
     KEY_SPLITS,
+    WGMMA_ARCHS,
     chunk_index_variant,
     chunk_pass_variant,
     chunk_prep_variant,
+    chunk_wgmma_pass_variant,
     key_split_divides,
     prepare_variant,
     state_pass_variant,
@@ -112,7 +115,7 @@ def allocate_workspaces(caps: Caps, config: CuteConfig,
     f32 = {"dtype": torch.float32, "device": device}
     i64 = {"dtype": torch.int64, "device": device}
     metadata = caps.max_seqs * caps.max_checkpoints
-    if config.algorithm == "chunk":
+    if config.algorithm != "recurrence":
         inputs = _chunk_workspaces(caps, device)
     else:
         inputs = {name: torch.empty(rows * caps.head_dim, **f32) for name in ("wq", "wk", "wd")}
@@ -137,6 +140,11 @@ def _variants(binding):
                 chunk_prep_variant(*transforms, binding.v.dtype),
                 chunk_pass_variant(caps.head_dim, caps.max_checkpoints, binding.out.dtype,
                                    binding.plan.config.key_split))
+    if binding.plan.config.algorithm == "wgmma":
+        return (validate, chunk_index_variant(),
+                chunk_prep_variant(*transforms, binding.v.dtype, wgmma=True),
+                chunk_wgmma_pass_variant(caps.head_dim, caps.max_checkpoints,
+                                         binding.out.dtype))
     return (validate, prepare_variant(*transforms),
             state_pass_variant(caps.head_dim, caps.max_checkpoints, binding.v.dtype,
                                binding.out.dtype))
@@ -156,6 +164,8 @@ def binding_problems(binding) -> list[str]:
     library, reasons = library_for(binding.plan.device)
     if library is None:
         return reasons
+    if binding.plan.config.algorithm == "wgmma" and library.arch not in WGMMA_ARCHS:
+        return [f"the wgmma pass runs on {', '.join(WGMMA_ARCHS)} only, not {library.arch}"]
     try:
         variants = _variants(binding)
     except ValueError as exc:

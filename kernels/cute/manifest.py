@@ -11,8 +11,8 @@ LIBRARY_NAME = "libkdabench_cute.so"
 RUNTIME_NAME = "libcute_dsl_runtime.so"
 SUPPORTED_ARCHS = ("sm_90a", "sm_100a", "sm_120a", "sm_121a")
 # What decides the binaries, relative to kernels/: the DSL sources and the contract they read.
-COMPILED_SOURCES = ("cute/source.py", "cute/chunk_source.py", "cute/ptx.py", "cute/compile.py",
-                    "cute/variants.py", "contract.py")
+COMPILED_SOURCES = ("cute/source.py", "cute/chunk_source.py", "cute/wgmma_source.py",
+                    "cute/ptx.py", "cute/compile.py", "cute/variants.py", "contract.py")
 
 
 def file_sha256(path: Path) -> str:

@@ -11,7 +11,7 @@ result feeds the next product without leaving the registers.
 
 from __future__ import annotations
 
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -67,3 +67,77 @@ def mma_bf16(a0: Int32, a1: Int32, a2: Int32, a3: Int32, b0: Int32, b1: Int32, c
                   "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", loc, ip)
     return tuple(Float32(llvm.extractvalue(T.f32(), result, [i], loc=loc, ip=ip))
                  for i in range(4))
+
+
+def canonical_word(mn, k, MN: int):
+    """The 32-bit word (a bf16 pair along K, k even) holding element (mn, k) of an MN x K bf16
+    operand stored in the canonical K-major layout `smem_descriptor` reads with leading offset
+    16 MN bytes: core matrices of 8 rows (mn) by 8 elements (k), 128 bytes each, the MN / 8 of
+    one K octet side by side, then the next K octet."""
+    return k // 8 * (MN * 4) + mn // 8 * 32 + mn % 8 * 4 + k % 8 // 2
+
+
+def smem_descriptor(address: Int32, leading: int, stride: int) -> Int64:
+    """The wgmma descriptor of a bf16 operand in shared memory at byte address `address`, in
+    the canonical K-major layout without swizzle: 8 x 8 core matrices of 128 contiguous bytes
+    (a row of 8 elements per 16 bytes), `leading` bytes between core matrices neighbouring in K,
+    `stride` bytes between those neighbouring in M or N (the PTX ISA's matrix descriptor:
+    address, leading and stride offsets in 16-byte units at bits 0, 16 and 32; swizzle 0)."""
+    return (Int64(address >> 4) & 0x3FFF) | Int64((leading >> 4) << 16) | Int64(
+        (stride >> 4) << 32)
+
+
+@dsl_user_op
+def wgmma_bf16(a0: Int32, a1: Int32, a2: Int32, a3: Int32, desc: Int64, acc: list,
+               accumulate: bool = True, *, loc=None, ip=None) -> list:
+    """D = A B + D (D = A B when not `accumulate`: acc's values unread) for one 64 x N x 16
+    tile on one warpgroup (N = 2 len(acc)): A (64 x 16,
+    bf16) from registers, in each warp the `mma.sync` A fragment of its 16 rows; B (16 x N,
+    bf16) from shared memory through `desc`, K-major; D (fp32) in each warp the `mma.sync`
+    accumulators of its 16 rows, one 16 x 8 tile after another along N. Asynchronous: issue
+    after `warpgroup.fence()`, then `warpgroup.commit_group()` and `wait_group` before D is
+    read."""
+    count = len(acc)
+    outs = ", ".join(f"${i}" for i in range(count))
+    text = (f"{{\n.reg .pred p;\nsetp.ne.b32 p, ${count + 5}, 0;\n"
+            f"wgmma.mma_async.sync.aligned.m64n{count * 2}k16.f32.bf16.bf16 {{{outs}}}, "
+            f"{{${count}, ${count + 1}, ${count + 2}, ${count + 3}}}, ${count + 4}, p, 1, 1, 0;\n}}")
+    operands = ([Int32(x).ir_value(loc=loc, ip=ip) for x in (a0, a1, a2, a3)]
+                + [Int64(desc).ir_value(loc=loc, ip=ip),
+                   Int32(int(accumulate)).ir_value(loc=loc, ip=ip)]
+                + [Float32(x).ir_value(loc=loc, ip=ip) for x in acc])
+    constraints = ",".join(["=f"] * count + ["r"] * 4 + ["l", "r"]
+                           + [str(i) for i in range(count)])
+    result = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * count), operands, text,
+                             constraints, has_side_effects=True, is_align_stack=False,
+                             asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return [Float32(llvm.extractvalue(T.f32(), result, [i], loc=loc, ip=ip))
+            for i in range(count)]
+
+
+@dsl_user_op
+def fence_operands(values: list, *, loc=None, ip=None) -> list:
+    """`values` passed through an empty asm with side effects: uses of a wgmma's results stay
+    after its wait, and writes of its operands before its issue (wgmma reads and writes them
+    asynchronously; the compiler does not know)."""
+    count = len(values)
+    result = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * count),
+                             [Float32(x).ir_value(loc=loc, ip=ip) for x in values], "",
+                             ",".join(["=f"] * count + [str(i) for i in range(count)]),
+                             has_side_effects=True, is_align_stack=False,
+                             asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return [Float32(llvm.extractvalue(T.f32(), result, [i], loc=loc, ip=ip))
+            for i in range(count)]
+
+
+@dsl_user_op
+def bulk_copy_g2s(dst: Int32, src: Int64, size: int, barrier: Int32, *, loc=None,
+                  ip=None) -> None:
+    """`size` bytes (a multiple of 16) from global address src to shared address dst by the
+    TMA unit, completing `size` transaction bytes on the mbarrier at shared address
+    `barrier` (cp.async.bulk, no tensor map: one contiguous block)."""
+    llvm.inline_asm(None, [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
+                           Int32(barrier).ir_value(loc=loc, ip=ip)],
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                    f"[$0], [$1], {size}, [$2];", "r,l,r", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)

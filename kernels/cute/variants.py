@@ -1,7 +1,7 @@
 """The compiled functions of the cute backend: one per kernel and specialisation, named by key.
 
 A variant fixes what the DSL compiles as constants (head dim, checkpoint capacity, gate mode,
-the transforms) and the element types of its tensors; sizes stay symbolic. `aot_variants()`
+the transforms) and the element types of its tensors; sizes stay symbolic. `aot_variants(arch)`
 lists what `kdabench build-kernels` compiles ahead of time: bf16 activations with fp32 gates,
 beta, A_log and dt_bias (what serving engines pass). Other dtypes need the DSL at run time.
 """
@@ -14,8 +14,12 @@ import torch
 
 from ..contract import CAPACITIES, GATE_MODES, HEAD_DIMS
 
-KERNELS = ("validate", "prepare", "state_pass", "chunk_index", "chunk_prep", "chunk_pass")
-ALGORITHMS = ("chunk", "recurrence")  # CuteConfig.algorithm: the kernels after validate
+KERNELS = ("validate", "prepare", "state_pass", "chunk_index", "chunk_prep", "chunk_pass",
+           "chunk_wgmma_pass")
+# CuteConfig.algorithm: the kernels after validate ("wgmma": the chunk algorithm, its pass on
+# warpgroup MMA, built for WGMMA_ARCHS only)
+ALGORITHMS = ("chunk", "recurrence", "wgmma")
+WGMMA_ARCHS = ("sm_90a",)
 CHUNK_PASS_WARPS = 1  # blocks of 16 V columns per block of the chunk pass
 KEY_SPLITS = (1, 2, 4, 8)  # CuteConfig.key_split: warps sharing one block of 16 V columns
 CHUNK = 16  # the chunk algorithm's tokens per chunk (kernels/cute/chunk_source.py)
@@ -83,9 +87,12 @@ def chunk_index_variant() -> Variant:
 
 def chunk_prep_variant(head_dim: int, gate: str, qk_l2norm: bool, beta_sigmoid: bool,
                        q: torch.dtype, g: torch.dtype, beta: torch.dtype,
-                       gate_params: torch.dtype, v: torch.dtype) -> Variant:
-    """The chunk preparation applies the input transforms itself (no prepare kernel)."""
-    return Variant("chunk_prep", _transforms(head_dim, gate, qk_l2norm, beta_sigmoid),
+                       gate_params: torch.dtype, v: torch.dtype,
+                       wgmma: bool = False) -> Variant:
+    """The chunk preparation applies the input transforms itself (no prepare kernel); for the
+    wgmma pass (constant WG1) it writes its operands in that pass's layout."""
+    constants = _transforms(head_dim, gate, qk_l2norm, beta_sigmoid)
+    return Variant("chunk_prep", constants + ((("WG", 1),) if wgmma else ()),
                    (*_input_dtypes(q, g, beta, gate_params), ("v", dtype_name(v))))
 
 
@@ -100,8 +107,15 @@ def chunk_pass_variant(head_dim: int, capacity: int, out: torch.dtype,
                                   ("S", key_split)), (("out", dtype_name(out)),))
 
 
-def aot_variants() -> list[Variant]:
-    """Every variant `kdabench build-kernels` compiles (79 per architecture)."""
+def chunk_wgmma_pass_variant(head_dim: int, capacity: int, out: torch.dtype) -> Variant:
+    return Variant("chunk_wgmma_pass", (("K", head_dim), ("CK", capacity)),
+                   (("out", dtype_name(out)),))
+
+
+def aot_variants(arch: str) -> list[Variant]:
+    """Every variant `kdabench build-kernels` compiles for `arch` (79; 109 with the wgmma
+    pass's, on WGMMA_ARCHS)."""
+    wgmma = arch in WGMMA_ARCHS
     variants = [validate_variant(c) for c in CAPACITIES] + [chunk_index_variant()]
     for k in HEAD_DIMS:
         for gate in GATE_MODES:
@@ -109,11 +123,14 @@ def aot_variants() -> list[Variant]:
                 for bsig in (False, True):
                     variants.append(prepare_variant(k, gate, l2, bsig, AOT_ACTIVATION, AOT_GATE,
                                                     AOT_GATE, AOT_GATE))
-                    variants.append(chunk_prep_variant(k, gate, l2, bsig, AOT_ACTIVATION,
-                                                       AOT_GATE, AOT_GATE, AOT_GATE,
-                                                       AOT_ACTIVATION))
+                    for layout in (False, True) if wgmma else (False,):
+                        variants.append(chunk_prep_variant(k, gate, l2, bsig, AOT_ACTIVATION,
+                                                           AOT_GATE, AOT_GATE, AOT_GATE,
+                                                           AOT_ACTIVATION, layout))
         for c in CAPACITIES:
             variants.append(state_pass_variant(k, c, AOT_ACTIVATION, AOT_ACTIVATION))
             variants += [chunk_pass_variant(k, c, AOT_ACTIVATION, s) for s in KEY_SPLITS
                          if key_split_divides(s, k)]
+            if wgmma:
+                variants.append(chunk_wgmma_pass_variant(k, c, AOT_ACTIVATION))
     return variants

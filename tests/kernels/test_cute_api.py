@@ -44,8 +44,9 @@ def test_an_unknown_cute_algorithm_is_named():
 
     assert config_problems(CuteConfig(), 128) == []
     assert config_problems(CuteConfig(algorithm="recurrence"), 64) == []
-    (problem,) = config_problems(CuteConfig(algorithm="wgmma"), 128)
-    assert "algorithm 'wgmma' must be one of ('chunk', 'recurrence')" in problem
+    assert config_problems(CuteConfig(algorithm="wgmma"), 64) == []
+    (problem,) = config_problems(CuteConfig(algorithm="tcgen05"), 128)
+    assert "algorithm 'tcgen05' must be one of ('chunk', 'recurrence', 'wgmma')" in problem
 
 
 def test_an_unknown_key_split_is_named():

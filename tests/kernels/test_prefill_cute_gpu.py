@@ -23,7 +23,8 @@ from kdabench.inputs import make_inputs
 from kdabench.kernels import Caps, MetadataFault, bind, ineligibility, kda_prefill, plan, run
 from kdabench.kernels.config import CuteConfig
 from kdabench.kernels.cute import launch as cute_launch
-from kdabench.kernels.cute.variants import KEY_SPLITS, key_split_divides
+from kdabench.kernels.cute.manifest import arch_of
+from kdabench.kernels.cute.variants import KEY_SPLITS, WGMMA_ARCHS, key_split_divides
 from kdabench.oracles import recurrent_kda, relative_error
 from kdabench.oracles.metadata import expected_error_code
 
@@ -36,7 +37,9 @@ CHUNK_STATE_TOL = 2e-5
 DEVICE = "cuda"
 SENTINEL = 0.25
 CONFIGS = {"recurrence": CuteConfig(algorithm="recurrence"),
-           **{f"chunk-s{s}": CuteConfig(algorithm="chunk", key_split=s) for s in KEY_SPLITS}}
+           **{f"chunk-s{s}": CuteConfig(algorithm="chunk", key_split=s) for s in KEY_SPLITS},
+           "wgmma": CuteConfig(algorithm="wgmma")}
+TENSOR_CORE = ("chunk", "wgmma")  # the algorithms whose state path runs split in three
 
 # lengths, heads, head_dim, gate, qk_l2norm + beta_sigmoid, capacity, index dtype
 CASES = {
@@ -49,11 +52,15 @@ CASES = {
 
 
 @pytest.fixture(autouse=True)
-def cute_available():
+def cute_available(request):
     reasons = ineligibility(Caps(device=DEVICE, num_heads=1, head_dim=64, max_tokens=1,
                                  max_seqs=1, max_state_slots=1, backend="cute"))
     if reasons:
         pytest.skip("cute backend unavailable: " + "; ".join(reasons))
+    params = getattr(request.node, "callspec", None)
+    if params is not None and params.params.get("config") == "wgmma" \
+            and arch_of(torch.cuda.get_device_capability()) not in WGMMA_ARCHS:
+        pytest.skip(f"the wgmma pass runs on {', '.join(WGMMA_ARCHS)} only")
 
 
 def metadata(lengths: list[int], capacity: int, dtype: torch.dtype, seed: int):
@@ -129,7 +136,7 @@ def assert_matches_recurrence(x, tensors: dict, pool: torch.Tensor, offsets, slo
     the active (offset, slot) pairs against the float64 recurrence."""
     result = cute_prefill(x, tensors, pool, CONFIGS[config])
     assert int(result.error_code) == 0, result.message()
-    state_tol = CHUNK_STATE_TOL if CONFIGS[config].algorithm == "chunk" else STATE_TOL
+    state_tol = CHUNK_STATE_TOL if CONFIGS[config].algorithm in TENSOR_CORE else STATE_TOL
     assert_outputs_match_recurrence(x, result.o, pool, offsets, slots, state_tol)
 
 
@@ -279,10 +286,10 @@ def force_ranges(monkeypatch, count: int) -> None:
     monkeypatch.setattr(cute_launch, "range_count", lambda *_: count)
 
 
-def ranged_call(x, tensors: dict, pool: torch.Tensor, captured: bool):
-    """One call of the default chunk config; captured: eager once, then a CUDA graph of it
-    replayed on the pool as it was."""
-    binding = cute_binding(x, tensors, pool, CuteConfig())
+def ranged_call(x, tensors: dict, pool: torch.Tensor, captured: bool, config: str):
+    """One call of CONFIGS[config]; captured: eager once, then a CUDA graph of it replayed on
+    the pool as it was."""
+    binding = cute_binding(x, tensors, pool, CONFIGS[config])
     start = pool.clone()
     result = run(binding)
     if captured:
@@ -299,9 +306,10 @@ def ranged_call(x, tensors: dict, pool: torch.Tensor, captured: bool):
     return binding.out.clone()
 
 
+@pytest.mark.parametrize("config", ["chunk-s4", "wgmma"])
 @pytest.mark.parametrize("captured", [False, True])
 @pytest.mark.parametrize("ranges", [2, 3, 7])
-def test_chunk_ranges_equal_one_range_bit_for_bit(ranges, captured, monkeypatch):
+def test_chunk_ranges_equal_one_range_bit_for_bit(ranges, captured, config, monkeypatch):
     """Cut into ranges (each range's pass on the side stream, the state carried across each
     edge), the chunk algorithm's output, final states and checkpoints equal one range's bit
     for bit, eager and replayed, and match the float64 recurrence."""
@@ -310,20 +318,21 @@ def test_chunk_ranges_equal_one_range_bit_for_bit(ranges, captured, monkeypatch)
     for count in (1, ranges):
         force_ranges(monkeypatch, count)
         pools[count] = pool.clone()
-        outputs[count] = ranged_call(x, tensors, pools[count], captured)
+        outputs[count] = ranged_call(x, tensors, pools[count], captured, config)
     assert torch.equal(outputs[1], outputs[ranges])
     assert torch.equal(pools[1], pools[ranges])
     assert_outputs_match_recurrence(x, outputs[ranges], pools[ranges], RANGE_OFFSETS,
                                     RANGE_SLOTS, CHUNK_STATE_TOL)
 
 
-def test_chunk_ranges_fault_leaves_pool_untouched(monkeypatch):
+@pytest.mark.parametrize("config", ["chunk-s4", "wgmma"])
+def test_chunk_ranges_fault_leaves_pool_untouched(config, monkeypatch):
     """A fault under three ranges: the error reported, the output NaN, the pool unchanged."""
     force_ranges(monkeypatch, 3)
     x, tensors, pool = range_case()
     tensors["final_state_indices"][1] = tensors["final_state_indices"][0]  # one slot twice
     before = pool.clone()
-    result = cute_prefill(x, tensors, pool, CuteConfig())
+    result = cute_prefill(x, tensors, pool, CONFIGS[config])
     assert int(result.error_code) & int(MetadataFault.DUPLICATE_WRITE_SLOT)
     assert torch.equal(pool, before)
     assert torch.isnan(result.o).all()
