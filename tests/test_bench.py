@@ -1260,6 +1260,7 @@ def test_a_cute_key_split_is_a_backend_of_its_own(tmp_path, tiny):
     from kdabench.kernels.config import CuteConfig
 
     assert backend_and_config("cute-s2") == ("cute", CuteConfig(key_split=2))
+    assert backend_and_config("cute-wgmma") == ("cute", CuteConfig(algorithm="wgmma"))
     assert backend_and_config("cute") == ("cute", None)
     assert backend_and_config("triton") == ("triton", None)
     backend = FakeBackend()
