@@ -370,19 +370,29 @@ def _store_canonical(KR: cute.Tensor, QR: cute.Tensor, KI: cute.Tensor, AQ: cute
                      wW: cute.Tensor, wQ: cute.Tensor, wKd: cute.Tensor, wA: cute.Tensor,
                      sh: Int64, tid: Int64, K: cutlass.Constexpr):
     """W, qg, kd and A_qk of chunk-head sh as the wgmma pass's shared memory holds them
-    (kernels/cute/wgmma_source.py), each operand one contiguous block in the canonical K-major
-    layout (`canonical_word`): W (high, then low) and qg as [CHUNK tokens, K keys], K-major in
-    keys; kd (high, then low) as [K keys, CHUNK tokens], K-major in tokens; A_qk as [CHUNK, CHUNK],
-    K-major in its column."""
+    (kernels/cute/wgmma_source.py), in the canonical K-major layout (`canonical_word`): W's high
+    half, W's low half and qg stacked as one [3 CHUNK, K keys] operand (rows 0-15, 16-31 and
+    32-47), K-major in keys, its first two thirds in wW and the last in wQ; kd (high, then low)
+    as [K keys, CHUNK tokens], K-major in tokens; A_qk as [CHUNK, CHUNK], K-major in its
+    column."""
     words = CHUNK * K // 2  # one bf16 operand of a chunk-head
-    for word in cutlass.range(tid, words, PREP_THREADS):
-        tok, key = _canonical_element(word, CHUNK)
-        at = sh * 2 * words + word
-        hi, lo = split_bf16x2(KR[tok, key], KR[tok, key + 1])
-        wW[at // 4, at % 4] = hi
-        wW[(at + words) // 4, (at + words) % 4] = lo
-        at = sh * words + word
-        wQ[at // 2, at % 2] = pack_bf16x2(QR[tok, key], QR[tok, key + 1])
+    for word in cutlass.range(tid, 3 * words, PREP_THREADS):
+        row, key = _canonical_element(word, 3 * CHUNK)
+        tok = row % CHUNK
+        value = Int32(0)
+        if row < 2 * CHUNK:  # (uniform in a warp: 32 neighbouring words share a row octet)
+            hi, lo = split_bf16x2(KR[tok, key], KR[tok, key + 1])
+            value = hi
+            if row >= CHUNK:
+                value = lo
+        else:
+            value = pack_bf16x2(QR[tok, key], QR[tok, key + 1])
+        if word < 2 * words:
+            at = sh * 2 * words + word
+            wW[at // 4, at % 4] = value
+        else:
+            at = sh * words + word - 2 * words
+            wQ[at // 2, at % 2] = value
     _store_canonical_keys(KI, wKd, sh * 2 * words, tid, K)
     for word in cutlass.range(tid, CHUNK * CHUNK // 2, PREP_THREADS):
         row, col = _canonical_element(word, CHUNK)

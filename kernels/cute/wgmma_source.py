@@ -9,10 +9,12 @@ warp 16 V columns, the `mma.sync` pass's register layout (kernels/cute/ptx.py). 
     X = S^T W^T,  Vnew^T = U^T - X,  o^T = S^T qg^T + Vnew^T A_qk^T,
     S^T <- S^T diag(e^G_last) + Vnew^T kd
 
-A's operand from the registers (S^T and Vnew^T, as bf16 fragments), B's from shared memory
-(W, qg, A_qk and kd, one 64 x N x 16 `wgmma` per 16 keys or tokens); the state path (X and
-the update) split in three (high x high + high x low + low x high), near fp32, the output's
-products in plain bf16, as in the `mma.sync` pass. All the next chunk's operands (W, qg, kd,
+A's operand from the registers (S^T and Vnew^T, as bf16 fragments), B's from shared memory;
+the state path (X and the update) split in three (high x high + high x low + low x high),
+near fp32, the output's products in plain bf16, as in the `mma.sync` pass. Per 16 keys, X's
+two high-half terms and o's S^T qg^T come from one 64 x 48 x 16 `wgmma` (S^T's high half by
+W's high half, W's low half and qg, stacked), X's third term from one 64 x 16 x 16; then one
+64 x 16 x 16 for Vnew^T A_qk^T and three 64 x K x 16 for the update. All the next chunk's operands (W, qg, kd,
 A_qk, the block's 64 rows of U^T, e^G_last: 25.6 KB at K = 128) come by the TMA unit, six bulk
 copies issued by one thread a chunk ahead into the other of two buffers, completing on the
 buffer's mbarrier; an interior checkpoint's operands come the same way when its chunk is
@@ -147,6 +149,8 @@ def chunk_wgmma_pass_kernel(
                                                                     chunk_hi, edge)
             S = cute.make_rmem_tensor(cute.make_layout(NT * 4), Float32)
             D = cute.make_rmem_tensor(cute.make_layout(NT * 4), Float32)
+            # S^T's high half times [W high | W low | qg]: X's two parts and o, 16 tokens each
+            XO = cute.make_rmem_tensor(cute.make_layout(12 * TOKEN_OCTETS), Float32)
             X = cute.make_rmem_tensor(cute.make_layout(4 * TOKEN_OCTETS), Float32)
             O = cute.make_rmem_tensor(cute.make_layout(4 * TOKEN_OCTETS), Float32)
             offsets, _ = active_checkpoints(ck_off, ck_idx, n, CK)
@@ -156,9 +160,10 @@ def chunk_wgmma_pass_kernel(
             phase[0] = Int32(0)
             for i in cutlass.range_constexpr(NT * 4):
                 S[i] = Float32(0.0)
-            for i in cutlass.range_constexpr(4 * TOKEN_OCTETS):  # (unread: each chunk's first
-                X[i] = Float32(0.0)  # products start from zero)
-                O[i] = Float32(0.0)
+            for i in cutlass.range_constexpr(12 * TOKEN_OCTETS):  # (unread: each chunk's first
+                XO[i] = Float32(0.0)  # products start from zero)
+            for i in cutlass.range_constexpr(4 * TOKEN_OCTETS):
+                X[i] = Float32(0.0)
             if mine != 0:
                 if lo == 0:
                     init = init_idx[n]
@@ -190,20 +195,20 @@ def chunk_wgmma_pass_kernel(
                 al = [Int32(0)] * (4 * KS)
                 for ks in cutlass.range_constexpr(KS):
                     _split_state(S, ah, al, ks)
+                # per key step one 64 x 48 x 16 product (S^T high by [W high | W low | qg]) and
+                # one 64 x 16 x 16 (S^T low by W high), each chain from zero at key step 0
                 warpgroup.fence()
                 for ks in cutlass.range_constexpr(KS):
-                    keys = base + ks * (2 * CHUNK * 16)  # key octets 2 ks and 2 ks + 1
-                    w_hi = smem_descriptor(keys, CHUNK * 16, CORE)
-                    w_lo = smem_descriptor(keys + OP * 4, CHUNK * 16, CORE)
-                    qg = smem_descriptor(keys + 2 * OP * 4, CHUNK * 16, CORE)
-                    _mma(ah, ks * 4, w_hi, X, 4 * TOKEN_OCTETS, ks > 0)  # from zero at ks 0
-                    _mma(ah, ks * 4, w_lo, X, 4 * TOKEN_OCTETS)
-                    _mma(al, ks * 4, w_hi, X, 4 * TOKEN_OCTETS)
-                    _mma(ah, ks * 4, qg, O, 4 * TOKEN_OCTETS, ks > 0)
+                    stack = smem_descriptor(base + ks * (2 * 3 * CHUNK * 16), 3 * CHUNK * 16, CORE)
+                    _mma(ah, ks * 4, stack, XO, 12 * TOKEN_OCTETS, ks > 0)
+                    _mma(al, ks * 4, stack, X, 4 * TOKEN_OCTETS, ks > 0)  # its first 16 rows
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
+                _settle(XO, 12 * TOKEN_OCTETS)
                 _settle(X, 4 * TOKEN_OCTETS)
-                _settle(O, 4 * TOKEN_OCTETS)
+                for i in cutlass.range_constexpr(4 * TOKEN_OCTETS):  # high x high + high x low
+                    X[i] = XO[i] + XO[4 * TOKEN_OCTETS + i] + X[i]  # + low x high
+                    O[i] = XO[8 * TOKEN_OCTETS + i]
                 # Vnew^T = U^T - X, in X; then its A fragment (token step of 16)
                 for i in cutlass.range_constexpr(TOKEN_OCTETS):
                     for e in cutlass.range_constexpr(4):
