@@ -16,8 +16,8 @@ _EXPORTS = {
     **dict.fromkeys(("CATALOG", "KdaPolicyError", "KdaQuery"), "catalog"),
     **dict.fromkeys(("Caps", "KernelConfig"), "config"),
     **dict.fromkeys(("KdaMetadataError", "MetadataFault", "decode_error_code"), "contract"),
-    **dict.fromkeys(("POLICY_MODES", "PolicyMode", "Resolution", "resolve_config",
-                     "resolve_mode"), "policy"),
+    **dict.fromkeys(("EXPLICIT_SOURCE", "POLICY_MODES", "PolicyMode", "Resolution",
+                     "resolve_config", "resolve_mode"), "policy"),
     **dict.fromkeys(("Profile", "find_profile", "load_profile", "profile_dir"), "profiles"),
     "support_report": "support",
 }
@@ -26,7 +26,7 @@ _SUBMODULES = ("api", "catalog", "config", "contract", "cute", "policy", "profil
                "triton")
 
 __all__ = [
-    "CATALOG", "POLICY_MODES", "Binding", "Caps", "KdaConfigError", "KdaMetadataError",
+    "CATALOG", "EXPLICIT_SOURCE", "POLICY_MODES", "Binding", "Caps", "KdaConfigError", "KdaMetadataError",
     "KdaPolicyError", "KdaQuery", "KdaResult", "KernelConfig", "MetadataFault", "Plan",
     "PolicyMode", "Profile", "Resolution", "bind", "decode_error_code", "find_profile",
     "ineligibility", "kda_prefill", "load_profile", "plan", "profile_dir", "resolve_config",

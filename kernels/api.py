@@ -30,7 +30,7 @@ from .contract import (
     decode_error_code,
 )
 from .cute import launch as cute_launch
-from .policy import PolicyMode, Resolution, resolve_config, resolve_mode
+from .policy import EXPLICIT_SOURCE, PolicyMode, Resolution, resolve_config, resolve_mode
 from .triton import launch
 
 
@@ -216,7 +216,7 @@ def plan(
     device = _concrete(torch.device(caps.device))
     mode = resolve_mode(policy_mode)
     if config is not None:
-        source = "explicit"
+        source = EXPLICIT_SOURCE
         if caps.backend == AUTO_BACKEND:
             caps = replace(caps, backend="cute" if isinstance(config, CuteConfig) else "triton")
     else:

@@ -40,6 +40,7 @@ class PolicyMode(str, enum.Enum):
 
 
 POLICY_MODES = tuple(mode.value for mode in PolicyMode)
+EXPLICIT_SOURCE = "explicit"  # the config source of a config given to plan(), not resolved
 
 
 def parse_mode(value: str | PolicyMode, origin: str = "policy_mode") -> PolicyMode:

@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from kdabench import kernels
+from kdabench.kernels.config import CuteConfig
 from kdabench.kernels.profiles import entry_document, profile_document
 from kdabench.matrix import SCENARIOS, load_matrix, parse_matrix
 from kdabench.qualify import RUNNERS, Qualification, config_label
@@ -167,3 +169,18 @@ def test_configs_for_another_head_dim_are_listed_not_run(tmp_path, profile_folde
     assert case["message"] == ("none of the 1 configs of cpu.json can run head_dim 64: the "
                                "policy picks them only for other head dims")
     assert list(case["details"]["not_run"]) == [config_label(wide)]
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    (None, "takes its default config"),
+    (CuteConfig(key_split=2), "pins the config with key_split=2")])
+def test_a_cute_run_says_which_config_it_runs_instead(config, says):
+    from kdabench.qualify.harness import Context
+    from kdabench.qualify.profile_configs import run_profile_configs
+
+    (case,) = [c for c in parse_matrix(MATRIX).expand("cpu")]
+    ctx = Context(device=torch.device("cpu"), tier="cpu", backend="cute", timing=None,
+                  config=config)
+    out = run_profile_configs(ctx, case)
+    assert says in out.note and "--backend cute-s<N>" in out.note
+    assert not out.failures and not out.errors

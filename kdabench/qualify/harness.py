@@ -132,8 +132,8 @@ def kernel_record(ctx: Context, caps, activation_dtype=torch.bfloat16) -> dict[s
     """What kda_prefill resolves for a call with these caps: its config, source and mode
     (resolved as plan() does, without allocating a second plan's workspaces)."""
     kernels = kernels_api()
-    if ctx.config is not None:  # as plan() records an explicit config
-        return config_record(ctx.config, "explicit", kernels.resolve_mode().value)
+    if ctx.config is not None:  # the backend name's pinned config, given to plan()
+        return config_record(ctx.config, kernels.EXPLICIT_SOURCE, kernels.resolve_mode().value)
     resolved = kernels.resolve_config(caps, activation_dtype=activation_dtype)
     return config_record(resolved.config, resolved.source, resolved.mode.value)
 

@@ -54,6 +54,20 @@ def _summary(one: Outcome, tol: dict[str, float]) -> str:
     return ", ".join(parts) or "; ".join(one.failures)
 
 
+def _not_triton_note(ctx: Context) -> str:
+    """Why a run of another backend than Triton has no profile configs to force."""
+    if ctx.config is not None:
+        default = dataclasses.asdict(type(ctx.config)())
+        fields = [f"{name}={value}" for name, value in dataclasses.asdict(ctx.config).items()
+                  if value != default[name]]
+        runs = f"every case of this run pins the config with {', '.join(fields) or 'defaults'}"
+    else:
+        runs = f"a plan for the {ctx.backend} backend takes its default config"
+    return (f"{runs}, qualified by the other scenarios; a profile's configs are Triton's, and "
+            "its cute configs reach only plans with backend \"auto\" (qualify each key split "
+            "with --backend cute-s<N>)")
+
+
 def run_profile_configs(ctx: Context, case: Case) -> Outcome:
     """Every distinct config of the device's profile on the case's inputs, vs one oracle run."""
     from kdabench.kernels.catalog import config_problems
@@ -63,8 +77,7 @@ def run_profile_configs(ctx: Context, case: Case) -> Outcome:
 
     out = Outcome()
     if ctx.backend != "triton":
-        out.note = (f"the {ctx.backend} backend has one fixed config, qualified by the other "
-                    "scenarios; profiles hold Triton configs")
+        out.note = _not_triton_note(ctx)
         return out
     kernels = kernels_api()
     device = device_name_of(ctx.device)
