@@ -257,14 +257,16 @@ class Tune:
         from kdabench.kernels.cute.manifest import arch_of
         from kdabench.kernels.cute.variants import KEY_SPLITS, WGMMA_ARCHS, key_split_divides
 
+        target = self.runner.target()
+        wgmma = target.type == "cuda" \
+            and arch_of(torch.cuda.get_device_capability(target)) in WGMMA_ARCHS
         found = []
         for backend in self.backends[1:]:
             reason = self.runner.backend_unavailable(backend, query)
             if reason is None:
                 found += [CuteConfig(key_split=split) for split in KEY_SPLITS
                           if key_split_divides(split, query.head_dim)]
-                if torch.cuda.is_available() \
-                        and arch_of(torch.cuda.get_device_capability()) in WGMMA_ARCHS:
+                if wgmma:
                     found.append(CuteConfig(algorithm="wgmma"))
             elif backend not in self.skipped:
                 self.skipped[backend] = reason

@@ -220,6 +220,26 @@ def test_another_backend_wins_an_entry_only_faster_by_min_gain_and_checked(tmp_p
         assert entry.measurements["backends"][0]["oracle"]["ok"] is False
 
 
+@pytest.mark.parametrize(("index", "wgmma"), [(0, False), (1, True)])
+def test_the_wgmma_candidate_follows_the_runners_device(tmp_path, tiny, monkeypatch, index,
+                                                        wgmma):
+    """Timed where the runner's device is sm_90 (cuda:1 here), whatever the current device."""
+    from kdabench.kernels.config import CuteConfig
+
+    capabilities = {0: (8, 0), 1: (9, 0)}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: capabilities[
+                            torch.cuda.current_device() if device is None
+                            else torch.device(device).index])
+    runner = FakeRunner(cute_factor=2.0)
+    monkeypatch.setattr(runner, "target", lambda: torch.device("cuda", index))
+    run = Tune(tiny, runner=runner, out=tmp_path / "nvidia-h200.json")
+    others = run._other_backend_configs(tiny.queries[0])
+    assert CuteConfig(key_split=4) in others
+    assert (CuteConfig(algorithm="wgmma") in others) == wgmma
+
+
 @pytest.mark.parametrize("backends, fragment", [
     (("cute",), "--backends cute: give some of triton, cute, triton among them"),
     (("triton", "tpu"), "--backends triton,tpu: give some of triton, cute"),
