@@ -162,6 +162,19 @@ def test_workers_are_capped_at_the_case_count_and_run_their_cases(tmp_path, tiny
     assert f"--matrix {tiny.resolve()}" in joined
 
 
+@pytest.mark.parametrize("name", ["cute-s2", "cute-wgmma"])
+def test_a_backend_name_is_checked_by_the_backend_it_runs_on(tmp_path, name):
+    """cute-s2 and cute-wgmma run on the cute backend: taken where the matrix has it (the
+    workers run them, as `kdabench qualify --backend cute-s2` on a GPU does), refused by
+    that name where it has not."""
+    run = ParallelQualification(load_matrix(None), tier="cpu", workers=1, backend=name,
+                                out_dir=tmp_path)
+    assert run.backend == name
+    with pytest.raises(QualifyError, match=f"backend '{name}' is not in the matrix's backends"):
+        ParallelQualification(parse_matrix(TINY), tier="cpu", workers=1, backend=name,
+                              out_dir=tmp_path)
+
+
 def test_the_worker_and_the_parallel_run_do_not_import_the_cli():
     code = ("import sys, kdabench.qualify.parallel, kdabench.qualify.worker; "
             "print(sorted(m for m in sys.modules if m.startswith('kdabench.cli')))")

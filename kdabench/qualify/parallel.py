@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdabench.environment import usable_cpus
+from kdabench.kernel_records import backend_and_config
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
 from kdabench.qualify.assign import plan_workers
 from kdabench.qualify.merge import merge_qualify_receipts
@@ -249,7 +250,7 @@ class ParallelQualification:
         if tier == "cpu" and workers is None:
             raise QualifyError("the CPU tier in worker processes needs --workers N")
         backend = backend or matrix.backends[0]
-        if backend not in matrix.backends:
+        if backend_and_config(backend)[0] not in matrix.backends:  # cute-s2 runs on cute
             raise QualifyError(f"backend {backend!r} is not in the matrix's backends "
                                f"({', '.join(matrix.backends)})")
         self.matrix, self.tier, self.backend, self.contains = matrix, tier, backend, contains
