@@ -17,14 +17,14 @@ def backend_and_config(name: str) -> tuple[str, Any]:
     the config it pins (None: the policy's): ``cute-s2`` is the cute backend with
     ``CuteConfig(key_split=2)``, ``cute-wgmma`` with ``CuteConfig(algorithm="wgmma")``."""
     if name.startswith(CUTE_SPLIT_PREFIX) and name[len(CUTE_SPLIT_PREFIX):].isdigit():
-        from kdabench.kernels.config import CuteConfig
+        pinned = {"key_split": int(name[len(CUTE_SPLIT_PREFIX):])}
+    elif name == CUTE_WGMMA:
+        pinned = {"algorithm": "wgmma"}
+    else:
+        return name, None
+    from kdabench.kernels.config import CuteConfig
 
-        return "cute", CuteConfig(key_split=int(name[len(CUTE_SPLIT_PREFIX):]))
-    if name == CUTE_WGMMA:
-        from kdabench.kernels.config import CuteConfig
-
-        return "cute", CuteConfig(algorithm="wgmma")
-    return name, None
+    return "cute", CuteConfig(**pinned)
 
 
 def config_record(config: Any, source: str, mode: str) -> dict[str, Any]:

@@ -46,11 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdabench.environment import usable_cpus
-from kdabench.kernel_records import backend_and_config
 from kdabench.matrix import Case, Matrix, MatrixError, select_cases
 from kdabench.qualify.assign import plan_workers
 from kdabench.qualify.merge import merge_qualify_receipts
-from kdabench.qualify.run import QualifyError, QualifyResult
+from kdabench.qualify.run import QualifyError, QualifyResult, matrix_backend
 from kdabench.receipts import (
     atomic_write_bytes,
     free_receipt_path,
@@ -250,9 +249,7 @@ class ParallelQualification:
         if tier == "cpu" and workers is None:
             raise QualifyError("the CPU tier in worker processes needs --workers N")
         backend = backend or matrix.backends[0]
-        if backend_and_config(backend)[0] not in matrix.backends:  # cute-s2 runs on cute
-            raise QualifyError(f"backend {backend!r} is not in the matrix's backends "
-                               f"({', '.join(matrix.backends)})")
+        matrix_backend(matrix, backend)
         self.matrix, self.tier, self.backend, self.contains = matrix, tier, backend, contains
         self.matrix_path = None if matrix_path is None else Path(matrix_path).resolve()
         self.out_dir = receipt_dir(out_dir)

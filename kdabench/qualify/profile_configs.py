@@ -64,8 +64,8 @@ def _not_triton_note(ctx: Context) -> str:
     else:
         runs = f"a plan for the {ctx.backend} backend takes its default config"
     return (f"{runs}, qualified by the other scenarios; a profile's configs are Triton's, and "
-            "its cute configs reach only plans with backend \"auto\" (qualify each key split "
-            "with --backend cute-s<N>)")
+            "its cute configs reach only plans with backend \"auto\" (qualify each with "
+            "--backend cute-s<N> or cute-wgmma)")
 
 
 def run_profile_configs(ctx: Context, case: Case) -> Outcome:

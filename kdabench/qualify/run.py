@@ -184,6 +184,17 @@ def summarize_by_scenario(cases: Sequence[Mapping[str, Any]]) -> dict[str, dict[
     return table
 
 
+def matrix_backend(matrix: Matrix, name: str) -> tuple[str, Any]:
+    """The kernel backend a backend name runs on and the config it pins (a name such as
+    cute-s2 runs its backend with the config it names, as the bench's does); QualifyError
+    where the matrix does not have that backend."""
+    kernel_backend, pinned = backend_and_config(name)
+    if kernel_backend not in matrix.backends:
+        raise QualifyError(f"backend {name!r} is not in the matrix's backends "
+                           f"({', '.join(matrix.backends)})")
+    return kernel_backend, pinned
+
+
 class Qualification:
     """One run of a matrix on a tier: the cases chosen, the device, the receipt path.
 
@@ -201,11 +212,7 @@ class Qualification:
         self.matrix = matrix
         self.tier = tier or default_tier()
         self.backend = backend or matrix.backends[0]
-        # a name such as cute-s2 runs its backend with the config it pins (as the bench's)
-        kernel_backend, pinned = backend_and_config(self.backend)
-        if kernel_backend not in matrix.backends:
-            raise QualifyError(f"backend {self.backend!r} is not in the matrix's backends "
-                               f"({', '.join(matrix.backends)})")
+        kernel_backend, pinned = matrix_backend(matrix, self.backend)
         if case_indices is None:
             self.cases = select_cases(matrix.expand(self.tier), shard=shard, contains=contains)
         else:
